@@ -1,0 +1,32 @@
+# torchbay: `make demo` sets up and runs the main job, `make test` sets up and runs the tests.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# every plugin distribution in the tree (each has its own setup.cfg)
+PLUGIN_DIRS := $(patsubst %/setup.cfg,%,$(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg))
+NPROC ?= 2
+
+.PHONY: setup demo test bench clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml constraints.txt requirements-dev.txt $(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg)
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip "setuptools>=64" wheel
+	$(PIP) install -q -c constraints.txt torch==2.13.0
+	$(PIP) install -q -c constraints.txt -r requirements-dev.txt
+	$(PIP) install -q -c constraints.txt --no-build-isolation -e . $(addprefix -e ,$(PLUGIN_DIRS))
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(VENV)/bin/torchbay launch --num-processes $(NPROC) examples/char_gpt.py --output-dir runs/char_gpt
+
+test: setup
+	$(PY) -m pytest -q tests
+
+bench: setup
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,480 @@
+"""The ``Accelerator``: the user-facing API, with Hugging Face Accelerate's names.
+
+It resolves the config, selects a device, strategy and precision through the plugin
+manager, joins the process group when there are several processes, and from then on calls
+plain methods of the selected objects (no hook dispatch per step).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import gc
+import weakref
+from typing import Any, Iterable
+
+import torch
+from torch.utils.data import DataLoader
+
+from torchbay import operations
+from torchbay.checkpointing import StateCheckpointer
+from torchbay.config import ResolvedConfig, resolve_config
+from torchbay.data import PreparedDataLoader, SkipFirstBatches
+from torchbay.errors import ConfigError, TorchbayError
+from torchbay.kwargs import (AutocastKwargs, DataLoaderConfiguration, DistributedDataParallelKwargs,
+                             GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs,
+                             ProjectConfiguration)
+from torchbay.plugins import get_plugin_manager
+from torchbay.selection import build_context
+from torchbay.utils import set_seed
+from torchbay.wrappers import GradientState, PreparedOptimizer, PreparedScheduler
+
+
+def _explicit_args(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+class Accelerator:
+    """Runs your own training loop on the configured device, strategy and precision.
+
+    Arguments left as ``None`` come from the config sources (defaults < YAML file <
+    ``TORCHBAY_*`` env < CLI flags); given arguments win. ``config`` takes extra settings
+    as a nested or dotted mapping (``{"fsdp": {"reshard_after_forward": False}}``).
+    """
+
+    def __init__(self, *, device: str | None = None, strategy: str | None = None, mixed_precision: str | None = None,
+                 gradient_accumulation_steps: int | None = None,
+                 dataloader_config: DataLoaderConfiguration | None = None, kwargs_handlers: Iterable[Any] = (),
+                 project_config: ProjectConfiguration | None = None, project_dir: str | None = None,
+                 config: dict[str, Any] | ResolvedConfig | None = None, config_file: str | None = None,
+                 cpu: bool = False, seed: int | None = None, step_scheduler_with_optimizer: bool | None = None,
+                 device_placement: bool | None = None,
+                 gradient_accumulation_plugin: GradientAccumulationPlugin | None = None, log_with: Any = None):
+        if log_with not in (None, [], ()):
+            raise ConfigError("log_with: experiment trackers are not part of torchbay yet; log from "
+                              "accelerator.is_main_process with your tracker's own API")
+        if gradient_accumulation_plugin is not None:
+            if gradient_accumulation_steps not in (None, gradient_accumulation_plugin.num_steps):
+                raise ConfigError("gradient_accumulation_steps and gradient_accumulation_plugin.num_steps disagree; give one")
+            gradient_accumulation_steps = gradient_accumulation_plugin.num_steps
+        args = dict(config) if isinstance(config, dict) else {}
+        args.update(_explicit_args(device="cpu" if cpu else device, strategy=strategy, mixed_precision=mixed_precision,
+                                   gradient_accumulation_steps=gradient_accumulation_steps, seed=seed,
+                                   step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+                                   device_placement=device_placement))
+        if dataloader_config is not None:
+            args["dataloader"] = dataloader_config.to_config()
+        if project_config is not None:
+            args["project"] = project_config.to_config()
+        if project_dir is not None:
+            args["project.project_dir"] = project_dir
+        self.handlers = self._sort_handlers(kwargs_handlers)
+        if self.handlers.get(InitProcessGroupKwargs):
+            ipg = self.handlers[InitProcessGroupKwargs]
+            if ipg.backend:
+                args["process_group_backend"] = ipg.backend
+            if ipg.timeout:
+                args["process_group_timeout_s"] = ipg.timeout.total_seconds()
+
+        self.pm = get_plugin_manager()
+        resolved = config if isinstance(config, ResolvedConfig) else resolve_config(file=config_file, args=args, pm=self.pm)
+        self.context = build_context(resolved, self.pm)
+        self.context.accelerator = self
+        self.context.extras["kwargs_handlers"] = self.handlers
+        self.config = resolved.config
+
+        self.device_backend = self.context.device_backend_cls(self.context.cluster.local_rank())
+        self.context.device_backend = self.device_backend
+        self.device_backend.set_current() if self.device_backend.torch_type() != "cpu" else None
+        self.strategy = self.context.strategy_cls(self.context)
+        self.context.strategy = self.strategy
+        self.strategy.setup_environment(timeout_s=self.config.process_group_timeout_s)
+        _live.add(self)
+        self.precision = self.strategy.adapt_precision(self.context.precision_cls(self.context))
+        self.context.precision = self.precision
+        io_cls = self.pm.registries()["checkpoint_io"][self.config.checkpoint.io]
+        self.checkpoint_io = io_cls(max_shard_size=self.config.checkpoint.max_shard_size)
+        self.pm.hook.torchbay_configure.call_historic(kwargs={"config": self.config})
+        self.pm.hook.torchbay_setup_process(context=self.context)
+        after = self.pm.hook.torchbay_after_optimizer_step
+        self._after_step_hook = after if after.get_hookimpls() else None  # no per-step dispatch when unused
+
+        self.gradient_state = GradientState(self.config.gradient_accumulation_steps)
+        self.save_iteration = self.config.project.iteration
+        self._models: list[Any] = []
+        self._optimizers: list[PreparedOptimizer] = []
+        self._schedulers: list[PreparedScheduler] = []
+        self._dataloaders: list[PreparedDataLoader] = []
+        self._custom_objects: list[Any] = []
+        self._unscaled: set[int] = set()
+        self._checkpointer = StateCheckpointer(self)
+        if self.config.seed is not None:
+            set_seed(self.config.seed)
+
+    @staticmethod
+    def _sort_handlers(handlers: Iterable[Any]) -> dict[type, Any]:
+        known = (AutocastKwargs, GradScalerKwargs, DistributedDataParallelKwargs, InitProcessGroupKwargs)
+        out: dict[type, Any] = {}
+        for handler in handlers:
+            kind = next((k for k in known if isinstance(handler, k)), type(handler))
+            if kind in out:
+                raise ConfigError(f"kwargs_handlers has two {kind.__name__} objects; pass one")
+            out[kind] = handler
+        return out
+
+    # -- where am I ------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.device_backend.device
+
+    @property
+    def process_index(self) -> int:
+        return self.strategy.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.strategy.local_rank
+
+    @property
+    def num_processes(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def distributed_type(self) -> str:
+        return self.strategy.name
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.config.mixed_precision
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.accumulation_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        self.gradient_state.accumulation_steps = value
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    @property
+    def project_dir(self) -> str:
+        return self.config.project.project_dir
+
+    # -- prepare -----------------------------------------------------------------------
+    def prepare(self, *objects: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, schedulers and data loaders (any order, any number of calls)."""
+        objects = [self.precision.convert_module(o) if isinstance(o, torch.nn.Module) else o for o in objects]
+        for replaced in self.pm.hook.torchbay_prepare(context=self.context, objects=objects):
+            if replaced is not None:
+                if len(replaced) != len(objects):
+                    raise TorchbayError("a torchbay_prepare hook returned a different number of objects")
+                objects = list(replaced)
+        kinds = [self._kind(o) for o in objects]
+        models = [o for o, k in zip(objects, kinds) if k == "model"]
+        optimizers = [o for o, k in zip(objects, kinds) if k == "optimizer"]
+        schedulers = [o for o, k in zip(objects, kinds) if k == "scheduler"]
+        models, optimizers, schedulers = self.strategy.setup(models, optimizers, schedulers)
+        models = [self._wrap_forward(m) for m in models]
+        prepared_opts = [PreparedOptimizer(o, self) for o in optimizers]
+        self._models += models
+        self._optimizers += prepared_opts
+        queues = {"model": iter(models), "optimizer": iter(prepared_opts), "scheduler": iter(schedulers)}
+        result = []
+        for obj, kind in zip(objects, kinds):
+            if kind in queues:
+                obj = next(queues[kind])
+                if kind == "scheduler":
+                    obj = PreparedScheduler(obj, self._optimizers_for(obj), self)
+                    self._schedulers.append(obj)
+            elif kind == "dataloader":
+                obj = self.prepare_data_loader(obj)
+            result.append(obj)
+        return result[0] if len(result) == 1 else tuple(result)
+
+    @staticmethod
+    def _kind(obj: Any) -> str:
+        if isinstance(obj, torch.nn.Module):
+            return "model"
+        if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, PreparedOptimizer):
+            return "optimizer"
+        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or hasattr(obj, "step") and hasattr(obj, "optimizer"):
+            return "scheduler"
+        if isinstance(obj, DataLoader):
+            return "dataloader"
+        return "other"
+
+    def _optimizers_for(self, scheduler: Any) -> list[PreparedOptimizer]:
+        target = getattr(scheduler, "optimizer", None)
+        return [o for o in self._optimizers if o.optimizer is target or o is target] or list(self._optimizers)
+
+    def _wrap_forward(self, model: Any) -> Any:
+        inner = self.strategy.unwrap_model(model)
+        if self.precision.wraps_forward and not hasattr(inner, "_torchbay_original_forward"):
+            original = inner.forward
+            precision = self.precision
+
+            @functools.wraps(original)
+            def forward(*args, **kwargs):
+                with precision.forward_context():
+                    return original(*args, **kwargs)
+
+            inner._torchbay_original_forward = original
+            inner.forward = forward
+        return model
+
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None) -> Any:
+        return self.prepare(model)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> PreparedOptimizer:
+        return self.prepare(optimizer)
+
+    def prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
+        return self.prepare(scheduler)
+
+    def prepare_data_loader(self, dataloader: DataLoader) -> PreparedDataLoader:
+        cfg = self.config.dataloader
+        seed = cfg.data_seed if cfg.data_seed is not None else self.strategy.broadcast_object(torch.initial_seed() % 2**62)
+        loader = PreparedDataLoader(dataloader, accelerator=self, seed=seed)
+        self._dataloaders.append(loader)
+        return loader
+
+    def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
+        inner = self.strategy.unwrap_model(model)
+        if not keep_fp32_wrapper and hasattr(inner, "_torchbay_original_forward"):
+            inner.forward = inner._torchbay_original_forward
+            del inner._torchbay_original_forward
+        return inner
+
+    # -- every step ----------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        if not self.strategy.handles_accumulation and self.gradient_state.accumulation_steps > 1:
+            loss = loss / self.gradient_state.accumulation_steps
+        self.strategy.backward(self.precision.scale_loss(loss), **kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: Any):
+        """Accumulate gradients locally until the last micro-batch of the window, then sync."""
+        sync = self.gradient_state.advance()
+        with contextlib.ExitStack() as stack:
+            if not sync:
+                for model in models:
+                    stack.enter_context(self.strategy.no_sync(model))
+            yield
+
+    @contextlib.contextmanager
+    def no_sync(self, model: Any):
+        with self.strategy.no_sync(model):
+            yield
+
+    def autocast(self, autocast_handler: AutocastKwargs | None = None):
+        if autocast_handler is not None:
+            return self.precision.forward_context(autocast_handler)
+        return self.precision.forward_context()
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        targets = [optimizer] if optimizer is not None else self._optimizers
+        for opt in targets:
+            raw = getattr(opt, "optimizer", opt)
+            if id(raw) not in self._unscaled:
+                self.precision.unscale_gradients(raw)
+                self._unscaled.add(id(raw))
+
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        self.unscale_gradients()
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters, clip_value: float) -> None:
+        self.unscale_gradients()
+        self.strategy.clip_grad_value_(parameters, clip_value)
+
+    # -- collectives -------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        return operations.gather(self.strategy, tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather, dropping the samples repeated to even out the last round of batches."""
+        is_tensorish = not use_gather_object and _contains_tensor(input_data)
+        if is_tensorish:
+            data = self.gather(input_data)
+        else:
+            data = [x for part in self.strategy.all_gather_object(input_data) for x in
+                    (part if isinstance(part, list) else [part])]
+        remainder = self.gradient_state.remainder
+        if self.gradient_state.end_of_dataloader and remainder >= 0:
+            return operations.truncate(data, remainder) if is_tensorish else data[:remainder]
+        return data
+
+    def reduce(self, tensor: Any, reduction: str = "sum") -> Any:
+        return operations.reduce(self.strategy, tensor, reduction)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        return operations.pad_across_processes(self.strategy, tensor, dim, pad_index, pad_first)
+
+    def wait_for_everyone(self) -> None:
+        self.strategy.barrier()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def main_process_first(self):
+        yield from self._first(self.is_main_process)
+
+    @contextlib.contextmanager
+    def local_main_process_first(self):
+        yield from self._first(self.is_local_main_process)
+
+    def _first(self, is_first: bool):
+        if not is_first:
+            self.wait_for_everyone()
+        yield
+        if is_first:
+            self.wait_for_everyone()
+
+    def on_main_process(self, fn):
+        return self.on_process(fn, process_index=0)
+
+    def on_local_main_process(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            return fn(*args, **kwargs) if self.is_local_main_process else None
+        return wrapper
+
+    def on_process(self, fn=None, process_index: int = 0):
+        if fn is None:
+            return functools.partial(self.on_process, process_index=process_index)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            return fn(*args, **kwargs) if self.process_index == process_index else None
+        return wrapper
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
+        """Give each process its contiguous share of a list, tuple, dict of lists or tensor."""
+        yield _split(inputs, self.num_processes, self.process_index, apply_padding)
+
+    # -- state ---------------------------------------------------------------------------
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        bad = [type(o).__name__ for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))]
+        if bad:
+            raise TorchbayError(f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
+                                f"these have not: {', '.join(bad)}")
+        self._custom_objects.extend(objects)
+
+    def save_state(self, output_dir: str | None = None, **_ignored: Any) -> str:
+        return str(self._checkpointer.save(output_dir))
+
+    def load_state(self, input_dir: str | None = None, **_ignored: Any) -> str:
+        return str(self._checkpointer.load(input_dir))
+
+    def _training_state(self) -> dict[str, Any]:
+        return {"gradient_step": self.gradient_state.step, "save_iteration": self.save_iteration,
+                "dataloaders": [dl.state_dict() for dl in self._dataloaders]}
+
+    def _load_training_state(self, state: dict[str, Any]) -> None:
+        self.gradient_state.step = int(state["gradient_step"])
+        for loader, dl_state in zip(self._dataloaders, state["dataloaders"]):
+            loader.load_state_dict(dl_state)
+
+    def skip_first_batches(self, dataloader: PreparedDataLoader, num_batches: int = 0) -> SkipFirstBatches:
+        if not isinstance(dataloader, PreparedDataLoader):
+            raise TorchbayError("skip_first_batches takes a data loader returned by accelerator.prepare")
+        return SkipFirstBatches(dataloader, num_batches)
+
+    def get_state_dict(self, model: Any, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The full state dict (gathered from every rank when the strategy shards)."""
+        return self.strategy.model_state_dict(model)
+
+    def save_model(self, model: Any, save_directory: str, max_shard_size: str = "10GB",
+                   safe_serialization: bool = True) -> list[str]:
+        """Write the full weights as (sharded) safetensors on the main process."""
+        from pathlib import Path
+
+        from torchbay.builtin.checkpoint_io import SafetensorsCheckpointIO
+
+        state = self.get_state_dict(model)
+        written: list[str] = []
+        if self.is_main_process:
+            directory = Path(save_directory)
+            directory.mkdir(parents=True, exist_ok=True)
+            written = SafetensorsCheckpointIO(max_shard_size=max_shard_size).save_state_dict(state, directory, "model")
+        self.wait_for_everyone()
+        return written
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        if self.is_main_process:
+            torch.save(obj, f)
+
+    def free_memory(self, *objects: Any):
+        """Drop torchbay's references to prepared objects and empty the device cache."""
+        for bucket in (self._models, self._optimizers, self._schedulers, self._dataloaders):
+            bucket.clear()
+        gc.collect()
+        self.device_backend.empty_cache()
+        return [None] * len(objects) if len(objects) != 1 else None
+
+    release_memory = free_memory
+
+    def end_training(self) -> None:
+        """Tear down the process group; call at the end of a run (also done at exit)."""
+        self.strategy.teardown()
+        _live.discard(self)
+
+
+def _contains_tensor(data: Any) -> bool:
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, dict):
+        return any(_contains_tensor(v) for v in data.values())
+    if isinstance(data, (list, tuple)):
+        return bool(data) and all(_contains_tensor(v) for v in data)
+    return False
+
+
+def _split(inputs: Any, num: int, index: int, pad: bool) -> Any:
+    if isinstance(inputs, dict):
+        return {k: _split(v, num, index, pad) for k, v in inputs.items()}
+    length = len(inputs)
+    per, extra = divmod(length, num)
+    start = index * per + min(index, extra)
+    end = start + per + (1 if index < extra else 0)
+    part = inputs[start:end]
+    if pad and extra and index >= extra and length:
+        last = inputs[-1:]
+        part = torch.cat([part, last]) if isinstance(part, torch.Tensor) else part + type(inputs)(last)
+    return part
+
+
+_live: "weakref.WeakSet[Accelerator]" = weakref.WeakSet()
+
+
+@atexit.register
+def _teardown_at_exit() -> None:
+    # gloo can abort a rank at interpreter exit while a process group is alive
+    for accelerator in list(_live):
+        with contextlib.suppress(Exception):
+            accelerator.strategy.teardown()
+
+

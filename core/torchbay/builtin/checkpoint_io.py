@@ -1,0 +1,122 @@
+"""Built-in checkpoint io: sharded safetensors (default) and torch DCP."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from torchbay.checkpointing import CheckpointIO
+from torchbay.errors import CheckpointError
+from torchbay.plugins import hookimpl
+
+
+def _dedupe_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """safetensors refuses tensors that share memory: keep one name, remember the aliases."""
+    kept: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+    for name, tensor in state.items():
+        tensor = tensor.detach()
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+               tuple(tensor.stride()), tensor.dtype, tensor.device) if tensor.numel() else None
+        if key is not None and key in seen:
+            aliases[name] = seen[key]
+            continue
+        if key is not None:
+            seen[key] = name
+        kept[name] = tensor
+    storages: dict[int, int] = {}
+    for name, tensor in kept.items():  # partial overlaps (views): copy to stand alone
+        ptr = tensor.untyped_storage().data_ptr() if tensor.numel() else id(tensor)
+        storages[ptr] = storages.get(ptr, 0) + 1
+    for name, tensor in list(kept.items()):
+        ptr = tensor.untyped_storage().data_ptr() if tensor.numel() else id(tensor)
+        if storages[ptr] > 1:
+            kept[name] = tensor.clone()
+    return kept, aliases
+
+
+class SafetensorsCheckpointIO(CheckpointIO):
+    """``<stem>.safetensors``, or shards plus ``<stem>.safetensors.index.json``."""
+
+    name = "safetensors"
+
+    def save_state_dict(self, state, directory: Path, stem: str) -> list[str]:
+        from huggingface_hub import split_torch_state_dict_into_shards
+        from safetensors.torch import save_file
+
+        tensors, aliases = _dedupe_shared(state)
+        tensors = {k: v.contiguous().cpu() for k, v in tensors.items()}
+        split = split_torch_state_dict_into_shards(tensors, filename_pattern=stem + "{suffix}.safetensors",
+                                                   max_shard_size=self.max_shard_size)
+        written = []
+        for filename, names in split.filename_to_tensors.items():
+            save_file({n: tensors[n] for n in names}, str(directory / filename), metadata={"format": "pt"})
+            written.append(filename)
+        if split.is_sharded or aliases:
+            index = {"metadata": {**split.metadata, "aliases": aliases}, "weight_map": split.tensor_to_filename}
+            (directory / f"{stem}.safetensors.index.json").write_text(json.dumps(index, indent=2))
+            written.append(f"{stem}.safetensors.index.json")
+        return written
+
+    def exists(self, directory: Path, stem: str) -> bool:
+        return (directory / f"{stem}.safetensors").exists() or (directory / f"{stem}.safetensors.index.json").exists()
+
+    def load_state_dict(self, directory: Path, stem: str, device: str = "cpu"):
+        from safetensors.torch import load_file
+
+        index_path = directory / f"{stem}.safetensors.index.json"
+        single = directory / f"{stem}.safetensors"
+        if index_path.exists():
+            index = json.loads(index_path.read_text())
+            state = {}
+            for filename in sorted(set(index["weight_map"].values())):
+                state.update(self._load_file(load_file, directory / filename, device))
+            for alias, target in index["metadata"].get("aliases", {}).items():
+                state[alias] = state[target]
+            return state
+        if single.exists():
+            return self._load_file(load_file, single, device)
+        raise CheckpointError(f"model weights '{stem}' are missing from {directory} "
+                              f"(expected {single.name} or {index_path.name})")
+
+    @staticmethod
+    def _load_file(load_file, path: Path, device: str):
+        try:
+            return load_file(str(path), device=device)
+        except Exception as exc:
+            raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from exc
+
+
+class DCPCheckpointIO(CheckpointIO):
+    """torch.distributed.checkpoint: every rank writes its own part, in parallel."""
+
+    name = "dcp"
+
+    def save_state_dict(self, state, directory: Path, stem: str) -> list[str]:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(state, checkpoint_id=str(directory / stem))
+        return [stem]
+
+    def exists(self, directory: Path, stem: str) -> bool:
+        return (directory / stem / ".metadata").exists()
+
+    def load_state_dict(self, directory: Path, stem: str, device: str = "cpu", template=None):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+        path = directory / stem
+        if not self.exists(directory, stem):
+            raise CheckpointError(f"DCP checkpoint '{path}' is missing or incomplete (no .metadata)")
+        if template is not None:
+            dcp.load(template, checkpoint_id=str(path))
+            return template
+        return _load_state_dict_from_keys(checkpoint_id=str(path))
+
+
+@hookimpl
+def torchbay_register_checkpoint_io():
+    return [SafetensorsCheckpointIO, DCPCheckpointIO]

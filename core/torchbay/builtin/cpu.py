@@ -1,0 +1,92 @@
+"""The built-in cpu device."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from torchbay.device import DeviceBackend
+from torchbay.plugins import hookimpl
+
+
+def _proc_status_kib(field: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class CPUBackend(DeviceBackend):
+    """The host CPU: one device, gloo collectives, memory read from the process table."""
+
+    name = "cpu"
+    device_type = "cpu"
+    priority = 0
+
+    def __init__(self, local_rank: int = 0):
+        self.index = 0
+        self.device = torch.device("cpu")
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return None
+
+    @classmethod
+    def device_count(cls) -> int:
+        return 1
+
+    @classmethod
+    def dist_backend(cls) -> str:
+        return "gloo"
+
+    def set_current(self) -> None:
+        pass
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def get_rng_state(self) -> list[torch.Tensor]:
+        return [torch.get_rng_state()]
+
+    def set_rng_state(self, states: list[torch.Tensor]) -> None:
+        torch.set_rng_state(states[0])
+
+    def synchronize(self) -> None:
+        pass
+
+    def memory_stats(self) -> dict[str, int]:
+        page = os.sysconf("SC_PAGE_SIZE")
+        return {
+            "allocated": _proc_status_kib("VmRSS") * 1024,
+            "peak_allocated": _proc_status_kib("VmHWM") * 1024,
+            "reserved": _proc_status_kib("VmRSS") * 1024,
+            "free": os.sysconf("SC_AVPHYS_PAGES") * page,
+            "total": os.sysconf("SC_PHYS_PAGES") * page,
+        }
+
+    def mem_get_info(self) -> tuple[int, int]:
+        stats = self.memory_stats()
+        return stats["free"], stats["total"]
+
+    def reset_peak_memory(self) -> None:
+        try:  # writing 5 to clear_refs resets VmHWM on Linux
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+
+    def empty_cache(self) -> None:
+        pass
+
+    def report(self) -> dict:
+        return {"device": "cpu", "count": 1, "cores": os.cpu_count(), "threads": torch.get_num_threads()}
+
+
+@hookimpl
+def torchbay_register_devices():
+    return [CPUBackend]

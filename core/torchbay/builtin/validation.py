@@ -1,0 +1,49 @@
+"""Core checks of a set-up, the core's ``torchbay env`` lines and memory estimates for single/ddp."""
+
+from __future__ import annotations
+
+import platform
+
+from torchbay.plugins import hookimpl
+
+BYTES_PER_PARAM = {"no": 4, "fp16": 4, "bf16": 4, "fp8": 4}  # torch.amp keeps fp32 master weights
+
+
+@hookimpl
+def torchbay_validate(context) -> list[str]:
+    config = context.config
+    problems = []
+    backend = config.process_group_backend
+    if backend and context.device_backend_cls is not None and context.cluster.world_size() > 1:
+        import torch.distributed as dist
+
+        if backend not in ("gloo", "mpi") and not hasattr(dist.Backend, backend.upper()):
+            problems.append(f"process_group_backend '{backend}' is not a torch.distributed backend here; "
+                            f"remove it to use device '{context.device_backend_cls.name}''s default")
+    if config.launch.num_processes and config.launch.nproc_per_node and \
+            config.launch.num_processes != config.launch.nproc_per_node * config.launch.num_machines:
+        problems.append(f"launch.num_processes ({config.launch.num_processes}) is not launch.nproc_per_node "
+                        f"({config.launch.nproc_per_node}) x launch.num_machines ({config.launch.num_machines}); "
+                        f"give one of num_processes or nproc_per_node")
+    return problems
+
+
+@hookimpl
+def torchbay_report_env() -> dict:
+    import torch
+
+    from torchbay.plugins import _own_version
+
+    return {"torchbay": _own_version(), "torch": torch.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "torch accelerator":
+            str(torch.accelerator.current_accelerator()) if torch.accelerator.is_available() else "none"}
+
+
+@hookimpl
+def torchbay_estimate_memory(config, world_size: int, counts: dict) -> dict | None:
+    strategy = config.strategy if config.strategy != "auto" else ("ddp" if world_size > 1 else "single")
+    if strategy not in ("single", "ddp"):
+        return None
+    params, trainable = counts["parameters"], counts["trainable"]
+    return {"strategy": strategy, "sharding_factor": 1, "parameters": params * 4, "gradients": trainable * 4,
+            "optimizer": trainable * 8}

@@ -1,0 +1,1 @@
+"""The ``torchbay`` command line."""

@@ -1,0 +1,332 @@
+"""The one configuration tree, where each value came from, and how it is resolved.
+
+Sources, lowest first: defaults < config file (YAML) < ``TORCHBAY_*`` environment <
+command-line flags < ``Accelerator(...)`` arguments. Every section forbids unknown keys;
+a misspelt or renamed key is an error with a suggestion. Plugins add sections through the
+``torchbay_config_sections`` hook. Workers receive the resolved tree as one JSON value in
+``TORCHBAY_RESOLVED_CONFIG``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal, Mapping, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from torchbay.errors import ConfigError
+
+RESOLVED_ENV = "TORCHBAY_RESOLVED_CONFIG"
+CONFIG_FILE_ENV = "TORCHBAY_CONFIG_FILE"
+#: TORCHBAY_* variables that control torchbay itself rather than set config values
+CONTROL_ENV = {RESOLVED_ENV, CONFIG_FILE_ENV, "TORCHBAY_PLUGINS", "TORCHBAY_DISABLE_PLUGIN_AUTOLOAD",
+               "TORCHBAY_BLOCK_PLUGINS", "TORCHBAY_LOG_LEVEL", "TORCHBAY_TEST_MARKER"}
+SOURCES = ("default", "file", "env", "cli", "args", "launcher")
+
+#: keys people carry over from other tools or older layouts: where they live now
+RENAMED_KEYS = {
+    "distributed_type": "strategy",
+    "num_processes": "launch.num_processes",
+    "num_machines": "launch.num_machines",
+    "machine_rank": "launch.machine_rank",
+    "main_process_ip": "launch.main_process_ip",
+    "main_process_port": "launch.main_process_port",
+    "split_batches": "dataloader.split_batches",
+    "dispatch_batches": "dataloader.dispatch_batches",
+    "even_batches": "dataloader.even_batches",
+    "use_seedable_sampler": "dataloader.use_seedable_sampler",
+    "project_dir": "project.project_dir",
+    "total_limit": "project.total_limit",
+    "required_plugins": "plugins.required",
+    "gradient_accumulation": "gradient_accumulation_steps",
+    "fp8_backend": "fp8.backend",
+    "use_cpu": "device (set device: cpu)",
+}
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, values are checked on set."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class FP8Config(Section):
+    """Settings every FP8 engine reads; an engine rejects what it cannot honour."""
+
+    backend: str = Field("auto", description="FP8 engine: an installed engine's name, or auto")
+    recipe: Literal["tensorwise", "rowwise", "delayed", "current", "block", "mxfp8"] = "tensorwise"
+    format: Literal["E4M3", "HYBRID"] = Field("HYBRID", description="HYBRID: E4M3 forward, E5M2 backward")
+    margin: int = Field(0, ge=0)
+    amax_history_len: int = Field(16, ge=1)
+    amax_compute_algo: Literal["max", "most_recent"] = "max"
+    include: list[str] = Field(default_factory=list, description="convert only modules whose name matches one of these regexes")
+    exclude: list[str] = Field(default_factory=list, description="never convert modules whose name matches one of these regexes")
+    keep_first_and_last: bool = Field(True, description="keep the first and last Linear in higher precision")
+    outer_autocast: bool = Field(True, description="keep a bf16 autocast around the FP8 forward")
+    engine_options: dict[str, Any] = Field(default_factory=dict, description="passed to the engine as is")
+
+
+class DataLoaderSection(Section):
+    split_batches: bool = False
+    dispatch_batches: Optional[bool] = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = True
+    data_seed: Optional[int] = None
+    non_blocking: bool = False
+
+
+class ProjectSection(Section):
+    project_dir: str = "."
+    logging_dir: Optional[str] = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: Optional[int] = Field(None, ge=1)
+    iteration: int = Field(0, ge=0)
+
+
+class CheckpointSection(Section):
+    io: str = Field("safetensors", description="checkpoint io plugin that writes model weights")
+    max_shard_size: str = Field("5GB", pattern=r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
+
+
+class LaunchSection(Section):
+    num_processes: Optional[int] = Field(None, ge=1, description="total processes across all machines")
+    nproc_per_node: Optional[int] = Field(None, ge=1, description="processes on each machine")
+    num_machines: int = Field(1, ge=1)
+    machine_rank: int = Field(0, ge=0)
+    main_process_ip: Optional[str] = None
+    main_process_port: Optional[int] = Field(None, ge=1, le=65535)
+    rdzv_backend: str = "static"
+    rdzv_endpoint: Optional[str] = None
+    max_restarts: int = Field(0, ge=0)
+    monitor_interval: float = Field(0.1, gt=0)
+
+
+class PluginsSection(Section):
+    required: list[str] = Field(default_factory=list, description="fail unless these plugins are loaded")
+
+
+class CoreConfig(Section):
+    """The core's part of the tree; plugin sections are added by :func:`config_model`."""
+
+    device: str = Field("auto", description="a registered device name, or auto")
+    strategy: str = Field("auto", description="a registered strategy name, or auto (ddp with >1 process)")
+    mixed_precision: Literal["no", "fp16", "bf16", "fp8"] = "no"
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    seed: Optional[int] = None
+    step_scheduler_with_optimizer: bool = True
+    device_placement: bool = True
+    process_group_backend: Optional[str] = None
+    process_group_timeout_s: Optional[float] = Field(None, gt=0)
+    fp8: FP8Config = Field(default_factory=FP8Config)
+    dataloader: DataLoaderSection = Field(default_factory=DataLoaderSection)
+    project: ProjectSection = Field(default_factory=ProjectSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    launch: LaunchSection = Field(default_factory=LaunchSection)
+    plugins: PluginsSection = Field(default_factory=PluginsSection)
+
+
+_models: dict[tuple, type[CoreConfig]] = {}
+
+
+def config_model(pm=None) -> type[CoreConfig]:
+    """The config class for the plugins loaded in ``pm`` (core sections plus theirs)."""
+    if pm is None:
+        from torchbay.plugins import get_plugin_manager
+
+        pm = get_plugin_manager()
+    sections = pm.config_sections()
+    key = tuple(sorted((name, id(model)) for name, model in sections.items()))
+    if key not in _models:
+        clashes = set(sections) & set(CoreConfig.model_fields)
+        if clashes:
+            raise ConfigError([f"a plugin's config section '{n}' clashes with a core key" for n in sorted(clashes)])
+        fields = {name: (model, Field(default_factory=model)) for name, model in sections.items()}
+        _models[key] = create_model("TorchbayConfig", __base__=CoreConfig, **fields)
+    return _models[key]
+
+
+# --- sources ---------------------------------------------------------------------------
+
+
+def load_yaml_file(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist (set --config-file or {CONFIG_FILE_ENV} to a YAML file)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys to values, not {type(data).__name__}")
+    return data
+
+
+def env_values(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``TORCHBAY_MIXED_PRECISION=bf16`` -> ``{"mixed_precision": "bf16"}``; ``__`` nests."""
+    out: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith("TORCHBAY_") or name in CONTROL_ENV:
+            continue
+        path = name[len("TORCHBAY_"):].lower().split("__")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else None
+        except yaml.YAMLError:
+            value = raw
+        set_path(out, path, value)
+    return out
+
+
+def set_path(tree: dict, path: list[str], value: Any) -> None:
+    for part in path[:-1]:
+        node = tree.setdefault(part, {})
+        if not isinstance(node, dict):
+            node = tree[part] = {}
+        tree = node
+    tree[path[-1]] = value
+
+
+def dotted_to_tree(flat: Mapping[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        set_path(tree, key.split("."), value)
+    return tree
+
+
+def merge(base: dict, layer: Mapping, source: str, sources: dict[str, str], prefix: str = "") -> dict:
+    """Deep-merge ``layer`` into ``base`` (in place), recording ``source`` per leaf."""
+    for key, value in layer.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict) and value:
+            merge(base[key], value, source, sources, dotted + ".")
+        else:
+            base[key] = dict(value) if isinstance(value, Mapping) else value
+            for existing in [k for k in sources if k.startswith(dotted + ".")]:
+                del sources[existing]
+            _record_leaves(value, dotted, source, sources)
+    return base
+
+
+def _record_leaves(value: Any, dotted: str, source: str, sources: dict[str, str]) -> None:
+    if isinstance(value, Mapping) and value:
+        for k, v in value.items():
+            _record_leaves(v, f"{dotted}.{k}", source, sources)
+    else:
+        sources[dotted] = source
+
+
+class ResolvedConfig:
+    """A validated config tree and, for every value, the source that set it."""
+
+    def __init__(self, config: CoreConfig, sources: dict[str, str]):
+        self.config = config
+        self.sources = sources
+
+    def source_of(self, dotted: str) -> str:
+        while dotted:
+            if dotted in self.sources:
+                return self.sources[dotted]
+            dotted = dotted.rpartition(".")[0]
+        return "default"
+
+    def flat(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+
+        def walk(node: Any, prefix: str) -> None:
+            if isinstance(node, dict) and node:
+                for k, v in node.items():
+                    walk(v, f"{prefix}.{k}" if prefix else k)
+            else:
+                out[prefix] = node
+
+        walk(self.config.model_dump(mode="json"), "")
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps({"config": self.config.model_dump(mode="json"), "sources": self.sources})
+
+
+def resolve_config(*, file: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None,
+                   cli: Mapping[str, Any] | None = None, args: Mapping[str, Any] | None = None,
+                   pm=None, use_launcher_config: bool = True) -> ResolvedConfig:
+    """Build and validate the tree from every source; raise :class:`ConfigError` listing all problems.
+
+    ``cli`` and ``args`` may use dotted keys (``{"fsdp.version": 2}``) or nested dicts.
+    In a worker started by ``torchbay launch``, the launcher's resolved tree is the base
+    and only ``args`` are layered on top.
+    """
+    environ = os.environ if environ is None else environ
+    model = config_model(pm)
+    sources: dict[str, str] = {}
+    tree: dict[str, Any] = {}
+    launched = environ.get(RESOLVED_ENV) if use_launcher_config else None
+    if launched:
+        try:
+            payload = json.loads(launched)
+            tree, sources = payload["config"], dict(payload["sources"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{RESOLVED_ENV} is not a config written by torchbay launch ({exc}); unset it") from None
+    else:
+        file = file or environ.get(CONFIG_FILE_ENV) or None
+        layers = [("file", load_yaml_file(file) if file else {}),
+                  ("env", env_values(environ)),
+                  ("cli", dotted_to_tree(cli or {}))]
+        for source, layer in layers:
+            merge(tree, layer, source, sources)
+    merge(tree, dotted_to_tree(args or {}), "args", sources)
+    try:
+        config = model.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(describe_errors(exc, model, sources)) from None
+    return ResolvedConfig(config, sources)
+
+
+def describe_errors(exc: ValidationError, model: type[BaseModel], sources: dict[str, str]) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        dotted = ".".join(loc)
+        source = _source_for(dotted, sources)
+        where = f" (set in {source})" if source else ""
+        if err["type"] == "extra_forbidden":
+            problems.append(f"unknown key '{dotted}'{where}; {_suggest(model, loc)}")
+        else:
+            problems.append(f"'{dotted}' = {err.get('input')!r}{where}: {err['msg']}")
+    return problems
+
+
+_SOURCE_LABELS = {"env": "the environment (TORCHBAY_*)", "file": "the config file",
+                  "cli": "a command-line flag", "args": "Accelerator(...) arguments"}
+
+
+def _source_for(dotted: str, sources: dict[str, str]) -> str:
+    probe = dotted
+    while probe:
+        if probe in sources:
+            return _SOURCE_LABELS.get(sources[probe], sources[probe])
+        probe = probe.rpartition(".")[0]
+    for key, source in sources.items():
+        if key.startswith(dotted + "."):
+            return _SOURCE_LABELS.get(source, source)
+    return ""
+
+
+def _suggest(model: type[BaseModel], loc: list[str]) -> str:
+    key = loc[-1]
+    parent: Any = model
+    for part in loc[:-1]:
+        field = parent.model_fields.get(part) if isinstance(parent, type) and issubclass(parent, BaseModel) else None
+        parent = field.annotation if field is not None else None
+    valid = sorted(parent.model_fields) if isinstance(parent, type) and issubclass(parent, BaseModel) else []
+    if len(loc) == 1 and key in RENAMED_KEYS:
+        return f"it now lives at '{RENAMED_KEYS[key]}'"
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean '{'.'.join(loc[:-1] + close)}'?"
+    if len(loc) == 1:
+        return (f"no installed plugin provides a section '{key}' (if a plugin does, install it, "
+                f"e.g. pip install torchbay-{key.replace('_', '-')}); valid keys: {', '.join(valid)}")
+    return f"valid keys here: {', '.join(valid)}"

@@ -1,0 +1,39 @@
+"""What the selected plugins and the Accelerator share: one :class:`RunContext` per process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchbay.cluster import ClusterEnvironment
+    from torchbay.config import CoreConfig, ResolvedConfig
+    from torchbay.device import DeviceBackend
+    from torchbay.plugins import PluginManager
+    from torchbay.precision import Precision
+    from torchbay.strategy import Strategy
+
+
+@dataclass
+class RunContext:
+    """The resolved config and the objects chosen for each axis.
+
+    ``device_backend_cls``, ``strategy_cls`` and ``precision_cls`` are known before any
+    process group starts (validation sees them); the instances are filled in afterwards.
+    """
+
+    resolved: ResolvedConfig
+    pm: PluginManager
+    cluster: ClusterEnvironment
+    device_backend_cls: type[DeviceBackend]
+    strategy_cls: type[Strategy]
+    precision_cls: type[Precision]
+    device_backend: DeviceBackend | None = None
+    strategy: Strategy | None = None
+    precision: Precision | None = None
+    accelerator: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def config(self) -> CoreConfig:
+        return self.resolved.config

@@ -1,0 +1,306 @@
+"""Prepared data loaders: sharding across processes, per-epoch reseeding, exact resume.
+
+Semantics follow Accelerate's documentation of ``split_batches``, ``even_batches`` and
+``dispatch_batches``. A prepared loader counts its own epochs (no ``set_epoch`` calls) and
+saves that count and its position in ``save_state``, so ``load_state`` followed by
+``skip_first_batches`` serves exactly the batches an uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+
+from torchbay.errors import ConfigError
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose order depends only on ``seed`` and ``epoch``."""
+
+    def __init__(self, data_source, *, seed: int, replacement: bool = False, num_samples: int | None = None):
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples)
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        self.generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        yield from super().__iter__()
+
+
+class ShardedBatchSampler:
+    """Yields this process's batches of index lists, from a batch sampler over the dataset.
+
+    Without ``split_batches`` each process takes every ``num_processes``-th batch; with it,
+    each global batch is cut into ``num_processes`` slices. With ``even_batches`` the last
+    round is completed with indices from the start of the epoch, so every process gets the
+    same number of equally sized batches; :attr:`last_real_samples` then tells how many of
+    the last round's samples are real (``gather_for_metrics`` drops the rest).
+    """
+
+    def __init__(self, batch_sampler: BatchSampler, num_processes: int, process_index: int,
+                 split_batches: bool, even_batches: bool):
+        self.batch_sampler = batch_sampler
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.batch_size = getattr(batch_sampler, "batch_size", None)
+        self.drop_last = getattr(batch_sampler, "drop_last", False)
+        self.skip = 0
+        self.last_real_samples: int | None = None
+        if split_batches and self.batch_size and self.batch_size % num_processes:
+            raise ConfigError(f"dataloader.split_batches needs the batch size ({self.batch_size}) to be a "
+                              f"multiple of the number of processes ({num_processes}); change one of them")
+
+    @property
+    def per_process_batch_size(self) -> int:
+        return self.batch_size // self.num_processes if self.split_batches else self.batch_size
+
+    def __len__(self) -> int:
+        n = len(self.batch_sampler)
+        if self.split_batches or self.num_processes == 1:
+            return n
+        if self.drop_last:
+            return n // self.num_processes
+        return math.ceil(n / self.num_processes) if self.even_batches else (
+            n // self.num_processes + int(self.process_index < n % self.num_processes))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        skip, self.skip = self.skip, 0
+        for i, batch in enumerate(self._batches()):
+            if i >= skip:
+                yield batch
+
+    def _batches(self) -> Iterator[list[int]]:
+        self.last_real_samples = None
+        width = self.num_processes
+        if width == 1:
+            yield from self.batch_sampler
+            return
+        rounds = self._rounds()
+        first: list[int] = []
+        for group in rounds:
+            if len(first) < self.batch_size * width:
+                first.extend(i for b in group for i in b)
+            complete = len(group) == (1 if self.split_batches else width) and len(group[-1]) == self.batch_size
+            if complete:
+                yield self._slice(group)
+                continue
+            flat = [i for b in group for i in b]
+            self.last_real_samples = len(flat)
+            if self.even_batches:
+                needed = self.batch_size * (1 if self.split_batches else width) - len(flat)
+                flat += list(itertools.islice(itertools.cycle(first), needed))
+                size = self.per_process_batch_size
+                yield flat[self.process_index * size:(self.process_index + 1) * size]
+            else:
+                size = math.ceil(len(flat) / width) if self.split_batches else self.batch_size
+                part = flat[self.process_index * size:(self.process_index + 1) * size]
+                if part:
+                    yield part
+
+    def _rounds(self) -> Iterator[list[list[int]]]:
+        if self.split_batches:
+            for batch in self.batch_sampler:
+                yield [list(batch)]
+            return
+        group: list[list[int]] = []
+        for batch in self.batch_sampler:
+            group.append(list(batch))
+            if len(group) == self.num_processes:
+                yield group
+                group = []
+        if group and not self.drop_last:
+            yield group
+
+    def _slice(self, group: list[list[int]]) -> list[int]:
+        if self.split_batches:
+            size = self.per_process_batch_size
+            return group[0][self.process_index * size:(self.process_index + 1) * size]
+        return group[self.process_index]
+
+
+class IterableShard(IterableDataset):
+    """Each process keeps its slice of every ``batch_size * num_processes`` samples."""
+
+    def __init__(self, dataset, batch_size: int, num_processes: int, process_index: int, split_batches: bool):
+        self.dataset = dataset
+        self.chunk = batch_size if split_batches else batch_size * num_processes
+        self.size = self.chunk // num_processes
+        self.process_index = process_index
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __iter__(self):
+        buffer: list[Any] = []
+        first: list[Any] = []
+        for sample in self.dataset:
+            buffer.append(sample)
+            if len(first) < self.chunk:
+                first.append(sample)
+            if len(buffer) == self.chunk:
+                yield from buffer[self.process_index * self.size:(self.process_index + 1) * self.size]
+                buffer = []
+        if buffer:  # complete the last round from the start, as even_batches does
+            buffer += list(itertools.islice(itertools.cycle(first), self.chunk - len(buffer)))
+            yield from buffer[self.process_index * self.size:(self.process_index + 1) * self.size]
+
+
+def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, dict):
+        return type(batch)({k: move_to_device(v, device, non_blocking) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(move_to_device(v, device, non_blocking) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(v, device, non_blocking) for v in batch)
+    if hasattr(batch, "to") and callable(batch.to):
+        return batch.to(device)
+    return batch
+
+
+_LOADER_ARGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+                "multiprocessing_context", "prefetch_factor", "persistent_workers", "pin_memory_device")
+
+
+class PreparedDataLoader:
+    """What ``Accelerator.prepare`` returns for a ``DataLoader``.
+
+    Iterating it starts a new epoch (reseeding a shuffled sampler with ``seed + epoch``),
+    moves batches to the device, and tells the accelerator when the last batch comes.
+    """
+
+    def __init__(self, dataloader: DataLoader, *, accelerator, seed: int):
+        self.original = dataloader
+        self.accelerator = accelerator
+        cfg = accelerator.config.dataloader
+        num, index = accelerator.num_processes, accelerator.process_index
+        self.epoch = 0  # the epoch the next iteration serves
+        self.batches_yielded = 0
+        self.in_epoch = False
+        self.device = accelerator.device if accelerator.config.device_placement else None
+        self.non_blocking = cfg.non_blocking
+        self.batch_sampler: ShardedBatchSampler | None = None
+        kwargs = {k: getattr(dataloader, k) for k in _LOADER_ARGS if hasattr(dataloader, k)}
+        if dataloader.num_workers == 0:
+            kwargs.pop("prefetch_factor", None)
+            kwargs.pop("persistent_workers", None)
+        dataset = dataloader.dataset
+        if isinstance(dataset, IterableDataset):
+            batch_size = dataloader.batch_size
+            if num > 1:
+                dataset = IterableShard(dataset, batch_size, num, index, cfg.split_batches)
+                batch_size = batch_size // num if cfg.split_batches else batch_size
+            self.sampler = dataset
+            self.loader = DataLoader(dataset, batch_size=batch_size, drop_last=dataloader.drop_last, **kwargs)
+        else:
+            inner = dataloader.batch_sampler
+            sampler = inner.sampler if hasattr(inner, "sampler") else dataloader.sampler
+            if cfg.use_seedable_sampler and isinstance(sampler, RandomSampler) and not isinstance(sampler, SeedableRandomSampler):
+                sampler = SeedableRandomSampler(sampler.data_source, seed=seed, replacement=sampler.replacement,
+                                                num_samples=sampler._num_samples)
+                inner = BatchSampler(sampler, inner.batch_size, inner.drop_last)
+            self.sampler = sampler
+            self.batch_sampler = ShardedBatchSampler(inner, num, index, cfg.split_batches, cfg.even_batches)
+            self.loader = DataLoader(dataset, batch_sampler=self.batch_sampler, **kwargs)
+        self.loader = accelerator.device_backend.wrap_dataloader(self.loader)
+
+    @property
+    def dataset(self):
+        return self.original.dataset
+
+    @property
+    def batch_size(self):
+        return self.original.batch_size
+
+    @property
+    def total_batch_size(self) -> int:
+        if self.batch_sampler is None:
+            return self.original.batch_size * (1 if self.accelerator.config.dataloader.split_batches
+                                               else self.accelerator.num_processes)
+        per = self.batch_sampler.per_process_batch_size
+        return per * self.accelerator.num_processes
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Serve ``epoch`` next (optional: the loader counts epochs by itself)."""
+        self.epoch = epoch
+
+    def __iter__(self):
+        return self._iterate(skip=0)
+
+    def _iterate(self, skip: int):
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(self.epoch)
+        if self.batch_sampler is not None:
+            self.batch_sampler.skip = skip
+        self.batches_yielded, self.in_epoch = skip, True
+        state = self.accelerator.gradient_state
+        state.begin_dataloader(self)
+        try:
+            iterator = iter(self.loader)
+            current = next(iterator, _END)
+            while current is not _END:
+                upcoming = next(iterator, _END)
+                if upcoming is _END:
+                    state.end_of_dataloader = True
+                    state.remainder = self._remainder()
+                self.batches_yielded += 1
+                yield current if self.device is None else move_to_device(current, self.device, self.non_blocking)
+                current = upcoming
+            self.epoch += 1
+            self.in_epoch = False
+            self.batches_yielded = 0
+        finally:
+            state.end_dataloader(self)
+
+    def _remainder(self) -> int:
+        if self.batch_sampler is None or self.batch_sampler.last_real_samples is None:
+            return -1
+        return self.batch_sampler.last_real_samples
+
+    # -- resume -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batches_yielded": self.batches_yielded if self.in_epoch else 0}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.batches_yielded = int(state.get("batches_yielded", 0))
+        self.in_epoch = False
+
+
+class SkipFirstBatches:
+    """One epoch of a prepared loader without its first ``num_batches`` (no data is loaded for them)."""
+
+    def __init__(self, loader: PreparedDataLoader, num_batches: int):
+        self.loader = loader
+        self.num_batches = num_batches
+
+    def __len__(self) -> int:
+        return max(len(self.loader) - self.num_batches, 0)
+
+    def __iter__(self):
+        if self.loader.batch_sampler is None:  # iterable dataset: skip by reading
+            it = self.loader._iterate(skip=0)
+            for _ in range(self.num_batches):
+                next(it, None)
+            return it
+        return self.loader._iterate(skip=self.num_batches)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
+_END = object()

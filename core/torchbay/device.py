@@ -1,0 +1,175 @@
+"""The device axis: where tensors live, RNG, memory, collective backend, launch env.
+
+:class:`DeviceBackend` is generic: built on torch's device-generic APIs
+(``torch.accelerator``, ``torch.get_device_module``, ``torch.amp``,
+``torch.distributed.get_default_backend_for_device``), it already works for any device
+torch knows as its current accelerator. A device plugin subclasses it, sets ``name`` (and
+``device_type`` when the torch type differs), and overrides only what its device does
+differently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Any, ClassVar
+
+import torch
+
+
+class DeviceBackend:
+    """One kind of device. Instantiated once per process for the device it uses.
+
+    Class attributes a plugin sets:
+
+    - ``name``: the value of ``config.device`` that selects it;
+    - ``device_type``: torch's device type string (defaults to ``name``);
+    - ``priority``: order for ``device: auto`` (higher first; cpu is 0);
+    - ``visible_devices_env``: e.g. ``"CUDA_VISIBLE_DEVICES"``, or ``None``;
+    - ``runtime_module``: module to import when selected (``"torch_npu"``), or ``None``;
+    - ``install_hint``: what to install when the runtime is missing.
+    """
+
+    name: ClassVar[str] = ""
+    device_type: ClassVar[str] = ""
+    priority: ClassVar[int] = 10
+    visible_devices_env: ClassVar[str | None] = None
+    runtime_module: ClassVar[str | None] = None
+    install_hint: ClassVar[str] = ""
+    compile_backend: ClassVar[str] = "inductor"
+    supports_fp16_autocast: ClassVar[bool] = True
+    supports_bf16_autocast: ClassVar[bool] = True
+
+    def __init__(self, local_rank: int = 0):
+        self.load_runtime()
+        count = max(self.device_count(), 1)
+        self.index = local_rank % count
+        self.device = torch.device(self.torch_type(), self.index)
+
+    # -- detection (class level, cheap, never initialises the device) -------------------
+    @classmethod
+    def torch_type(cls) -> str:
+        return cls.device_type or cls.name
+
+    @classmethod
+    def load_runtime(cls) -> Any:
+        """Import the vendor runtime (it registers the device with torch), if any."""
+        if cls.runtime_module:
+            return importlib.import_module(cls.runtime_module)
+        return None
+
+    @classmethod
+    def runtime_installed(cls) -> bool:
+        if not cls.runtime_module:
+            return True
+        return importlib.util.find_spec(cls.runtime_module.split(".")[0]) is not None
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """``None`` when usable here, else why not and what to do about it."""
+        if not cls.runtime_installed():
+            return f"runtime '{cls.runtime_module}' is not installed" + (
+                f": {cls.install_hint}" if cls.install_hint else "")
+        try:
+            cls.load_runtime()
+        except Exception as exc:  # a broken vendor runtime must not break detection
+            return f"importing '{cls.runtime_module}' failed: {type(exc).__name__}: {exc}"
+        if cls.device_count() == 0:
+            return f"no {cls.name} device found on this machine"
+        return None
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return cls.unavailable_reason() is None
+
+    @classmethod
+    def device_count(cls) -> int:
+        accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        if accelerator is None or accelerator.type != cls.torch_type():
+            return 0
+        return torch.accelerator.device_count()
+
+    @classmethod
+    def launch_env(cls, local_world_size: int) -> dict[str, str]:
+        """Environment the launcher gives workers; the default adds nothing."""
+        return {}
+
+    @classmethod
+    def dist_backend(cls) -> str:
+        """The process-group backend for this device (nccl, xccl, hccl, gloo...)."""
+        return torch.distributed.get_default_backend_for_device(cls.torch_type())
+
+    # -- per-process operations ---------------------------------------------------------
+    @property
+    def module(self):
+        return torch.get_device_module(self.torch_type())
+
+    def set_current(self) -> None:
+        torch.accelerator.set_device_index(self.index)
+
+    def manual_seed(self, seed: int) -> None:
+        self.module.manual_seed_all(seed)
+
+    def get_rng_state(self) -> list[torch.Tensor]:
+        """RNG state of every device of this type this process can see."""
+        return [state.cpu() for state in self.module.get_rng_state_all()]
+
+    def set_rng_state(self, states: list[torch.Tensor]) -> None:
+        self.module.set_rng_state_all(states)
+
+    def synchronize(self) -> None:
+        torch.accelerator.synchronize(self.index)
+
+    def memory_stats(self) -> dict[str, int]:
+        """Bytes: ``allocated``, ``peak_allocated``, ``reserved``, ``free``, ``total``."""
+        stats = {
+            "allocated": torch.accelerator.memory_allocated(self.index),
+            "peak_allocated": torch.accelerator.max_memory_allocated(self.index),
+            "reserved": torch.accelerator.memory_reserved(self.index),
+        }
+        free, total = self.mem_get_info()
+        stats.update(free=free, total=total)
+        return stats
+
+    def mem_get_info(self) -> tuple[int, int]:
+        return self.module.mem_get_info(self.index)
+
+    def reset_peak_memory(self) -> None:
+        torch.accelerator.reset_peak_memory_stats(self.index)
+
+    def empty_cache(self) -> None:
+        torch.accelerator.empty_cache()
+
+    @classmethod
+    def supports_autocast(cls, dtype: torch.dtype) -> bool:
+        if dtype == torch.float16:
+            return cls.supports_fp16_autocast
+        if dtype == torch.bfloat16:
+            return cls.supports_bf16_autocast
+        return False
+
+    def autocast(self, dtype: torch.dtype, enabled: bool = True, cache_enabled: bool | None = None):
+        kwargs = {} if cache_enabled is None else {"cache_enabled": cache_enabled}
+        return torch.autocast(self.torch_type(), dtype=dtype, enabled=enabled, **kwargs)
+
+    def grad_scaler(self, **kwargs):
+        return torch.amp.GradScaler(self.torch_type(), **kwargs)
+
+    def optimizer_step(self, optimizer, **kwargs):
+        """Run one optimizer step; XLA-like devices override to add their own syncing."""
+        return optimizer.step(**kwargs)
+
+    def after_step(self) -> None:
+        """Called after each optimizer step (XLA marks the step here)."""
+
+    def wrap_dataloader(self, dataloader):
+        """Device-aware data loading (XLA's parallel loader); the default is the loader."""
+        return dataloader
+
+    def report(self) -> dict[str, Any]:
+        return {"device": str(self.device), "count": self.device_count()}
+
+
+@contextlib.contextmanager
+def null_context():
+    yield

@@ -1,0 +1,237 @@
+"""Every hook a torchbay plugin can implement.
+
+A plugin is a module or object with functions named like the hooks below, decorated with
+``torchbay.hookimpl``; it is found through the entry-point group ``torchbay`` (see
+:mod:`torchbay.plugins`). The built-in plugins under ``torchbay.builtin`` use these same
+hooks.
+
+Hooks are for discovery, selection, validation and rare events. Work done at every
+training step is a plain method of the selected :class:`~torchbay.device.DeviceBackend`,
+:class:`~torchbay.strategy.Strategy` or :class:`~torchbay.precision.Precision`, never a
+hook call.
+
+Unless a hook says "first result wins", pluggy calls every implementation and returns the
+list of their non-``None`` results.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover
+    import argparse
+
+    from pydantic import BaseModel
+
+    from torchbay.checkpointing import CheckpointIO
+    from torchbay.cluster import ClusterEnvironment
+    from torchbay.context import RunContext
+    from torchbay.device import DeviceBackend
+    from torchbay.plugins import PluginManager
+    from torchbay.precision import Precision
+    from torchbay.strategy import Strategy
+
+hookspec = pluggy.HookspecMarker("torchbay")
+
+
+# --- registries: collect-all, called once per process -------------------------------------
+
+
+@hookspec
+def torchbay_register_devices() -> list[type[DeviceBackend]]:
+    """Return the device backend classes this plugin provides.
+
+    Each class has a unique ``name`` (``config.device`` selects it) and a ``priority``
+    (higher wins when ``device: auto`` picks among the available ones).
+
+    :return: a list of :class:`~torchbay.device.DeviceBackend` subclasses.
+    """
+
+
+@hookspec
+def torchbay_register_strategies() -> list[type[Strategy]]:
+    """Return the strategy classes this plugin provides (selected by ``config.strategy``).
+
+    :return: a list of :class:`~torchbay.strategy.Strategy` subclasses, each with a unique
+        ``name``.
+    """
+
+
+@hookspec
+def torchbay_register_precisions() -> list[type[Precision]]:
+    """Return the precision classes this plugin provides.
+
+    A class's ``name`` is the ``mixed_precision`` value it serves (``no``, ``fp16``,
+    ``bf16``); an FP8 engine uses ``name = "fp8"`` and sets ``fp8_backend`` to the
+    ``fp8.backend`` value it serves (``auto`` picks the available engine of highest
+    ``priority``).
+
+    :return: a list of :class:`~torchbay.precision.Precision` subclasses.
+    """
+
+
+@hookspec
+def torchbay_register_checkpoint_io() -> list[type[CheckpointIO]]:
+    """Return checkpoint-io classes (how tensors reach storage), each with a unique ``name``.
+
+    ``config.checkpoint.io`` selects the one that writes model weights.
+
+    :return: a list of :class:`~torchbay.checkpointing.CheckpointIO` subclasses.
+    """
+
+
+@hookspec
+def torchbay_register_cluster_environments() -> list[type[ClusterEnvironment]]:
+    """Return cluster-environment classes that tell rank, world size and rendezvous.
+
+    The first class (by ``priority``, highest first) whose ``detect()`` is true describes
+    the current process.
+
+    :return: a list of :class:`~torchbay.cluster.ClusterEnvironment` subclasses.
+    """
+
+
+@hookspec
+def torchbay_config_sections() -> dict[str, type[BaseModel]]:
+    """Contribute configuration sections: ``{"section_name": PydanticModel}``.
+
+    Each model should use ``extra="forbid"``; the section appears at the top level of the
+    config tree (``fsdp:`` in YAML, ``TORCHBAY_FSDP__KEY`` in the environment,
+    ``Accelerator(config={"fsdp": {...}})``). Two plugins claiming one name is an error.
+
+    :return: a mapping of section name to a pydantic model class with defaults.
+    """
+
+
+# --- historic: replayed to plugins registered later ---------------------------------------
+
+
+@hookspec(historic=True)
+def torchbay_addhooks(pluginmanager: PluginManager) -> None:
+    """Add hook specifications of a plugin's own (``pluginmanager.add_hookspecs(module)``).
+
+    Historic: a plugin registered after the call still receives it.
+    """
+
+
+@hookspec(historic=True)
+def torchbay_add_cli_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """Add command-line options to the ``torchbay <command>`` parser.
+
+    Options whose ``dest`` is ``"<section>.<key>"`` (e.g. ``dest="fsdp.reshard_after_forward"``)
+    feed the config tree as the "cli" source. Historic.
+
+    :param parser: the argparse parser of that command.
+    :param command: ``"launch"`` or ``"test"`` (commands that take run settings).
+    """
+
+
+@hookspec(historic=True)
+def torchbay_add_commands(subparsers: Any) -> None:
+    """Add ``torchbay`` subcommands (e.g. ``merge-weights``). Historic.
+
+    :param subparsers: the ``argparse`` sub-parsers action of the ``torchbay`` command;
+        call ``subparsers.add_parser(name, help=...)`` and ``set_defaults(func=callable)``
+        where ``callable(args) -> int`` is the exit code.
+    """
+
+
+@hookspec(historic=True)
+def torchbay_configure(config: Any) -> None:
+    """Called once with the resolved :class:`~torchbay.config.TorchbayConfig`. Historic.
+
+    Use it to read settings; do not change them (the config is frozen after validation).
+    """
+
+
+# --- lifecycle -----------------------------------------------------------------------------
+
+
+@hookspec
+def torchbay_validate(context: RunContext) -> list[str] | None:
+    """Complain about the chosen set-up before any process group starts.
+
+    Every plugin's complaints are collected and reported together in one
+    :class:`~torchbay.errors.IncompatibleSetupError`.
+
+    :param context: the selected device, strategy, precision and config.
+    :return: a list of problems, each naming the setting at fault and the fix; empty or
+        ``None`` when all is well.
+    """
+
+
+@hookspec
+def torchbay_launch_env(config: Any, local_world_size: int) -> dict[str, str] | None:
+    """Environment variables the workers need, computed in the launcher.
+
+    Device plugins return their visible-devices variable and the like; never initialise a
+    device here. Later plugins' values override earlier ones for the same key.
+
+    :param config: the resolved config.
+    :param local_world_size: processes per machine.
+    :return: a mapping of environment variable to value.
+    """
+
+
+@hookspec
+def torchbay_setup_process(context: RunContext) -> None:
+    """Called in each worker after the process group is up and the device is set."""
+
+
+@hookspec
+def torchbay_prepare(context: RunContext, objects: list[Any]) -> list[Any] | None:
+    """Transform the objects passed to ``Accelerator.prepare`` before the strategy sees them.
+
+    Implementations may be ``wrapper=True`` to act before and after the others. Return a new
+    list (same length and order) or ``None`` to leave the objects as they are. The
+    objects already carry the precision conversion; the strategy wraps after this hook.
+
+    :return: the (possibly replaced) objects, or ``None``.
+    """
+
+
+@hookspec
+def torchbay_after_optimizer_step(context: RunContext, optimizer: Any) -> None:
+    """Called after every real optimizer step (not on skipped fp16 steps).
+
+    Only called when at least one plugin implements it, so plugins that do not need it
+    cost nothing per step. Used e.g. for FP8 scale precomputation.
+    """
+
+
+@hookspec
+def torchbay_state_extra(context: RunContext) -> dict[str, Any] | None:
+    """Extra state a plugin wants in ``save_state`` (e.g. FP8 scaling history).
+
+    :return: ``{"key": state}`` where state is made of tensors, numbers, strings, lists
+        and dicts (loadable with ``weights_only=True``); keys must be unique across plugins.
+    """
+
+
+@hookspec
+def torchbay_load_state_extra(context: RunContext, state: dict[str, Any]) -> None:
+    """Restore what :func:`torchbay_state_extra` saved. ``state`` holds every plugin's keys.
+
+    Raise :class:`~torchbay.errors.CheckpointError` when a key of this plugin is missing or
+    cannot be restored; never only log it.
+    """
+
+
+@hookspec
+def torchbay_estimate_memory(config: Any, world_size: int, counts: dict[str, int]) -> dict[str, Any] | None:
+    """Per-process memory estimate of the strategy this plugin provides, if selected.
+
+    :param counts: ``{"parameters": n, "trainable": n}`` of the model.
+    :return: ``{"strategy": name, "parameters": bytes, "gradients": bytes,
+        "optimizer": bytes}`` or ``None`` when ``config.strategy`` is not this plugin's.
+    """
+
+
+@hookspec
+def torchbay_report_env() -> dict[str, Any] | None:
+    """Information for ``torchbay env``: backend library versions, devices found, why not.
+
+    :return: a flat mapping of label to value.
+    """

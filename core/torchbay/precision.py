@@ -1,0 +1,85 @@
+"""The precision axis: autocast, loss scaling and module conversion.
+
+:class:`Precision` does nothing (full precision); subclasses override what they change.
+Built-in: ``no``, ``fp16`` and ``bf16`` (torch.amp). FP8 engines are separate
+distributions that register a class with ``name = "fp8"`` and their ``fp8_backend``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchbay.context import RunContext
+
+
+class Precision:
+    """Full precision: no conversion, no autocast, no loss scaling."""
+
+    name: ClassVar[str] = "no"
+    #: for ``name == "fp8"``: the ``fp8.backend`` value this engine serves
+    fp8_backend: ClassVar[str | None] = None
+    #: order among FP8 engines for ``fp8.backend: auto`` (higher first)
+    priority: ClassVar[int] = 0
+    #: import name of the engine library (checked cheaply with find_spec), or None
+    engine_module: ClassVar[str | None] = None
+    install_hint: ClassVar[str] = ""
+
+    def __init__(self, context: RunContext):
+        self.context = context
+        self.device_backend = context.device_backend
+
+    @classmethod
+    def check(cls, context: RunContext) -> list[str]:
+        """Problems with this precision in ``context`` (device support, engine installed)."""
+        return []
+
+    @classmethod
+    def unavailable_reason(cls, device_backend_cls: Any) -> str | None:
+        """Why this precision cannot run on that device class here, or ``None``."""
+        if cls.engine_module:
+            import importlib.util
+
+            if importlib.util.find_spec(cls.engine_module.split(".")[0]) is None:
+                return f"its engine '{cls.engine_module}' is not installed" + (
+                    f": {cls.install_hint}" if cls.install_hint else "")
+        return None
+
+    # -- preparing ------------------------------------------------------------------------
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Change the model before the strategy wraps it (e.g. swap Linear for FP8 Linear)."""
+        return module
+
+    def forward_context(self):
+        """Context wrapped around the model's forward (autocast); ``nullcontext`` here."""
+        return contextlib.nullcontext()
+
+    @property
+    def wraps_forward(self) -> bool:
+        """Whether ``prepare`` should wrap the model's forward in :meth:`forward_context`."""
+        return False
+
+    # -- every step ---------------------------------------------------------------------
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss
+
+    def unscale_gradients(self, optimizer: Any) -> None:
+        """Make gradients true values before clipping; nothing to do without a scaler."""
+
+    def optimizer_step(self, optimizer: Any, step, **kwargs) -> bool:
+        """Run ``step(optimizer, **kwargs)``; return False when the step was skipped."""
+        step(optimizer, **kwargs)
+        return True
+
+    # -- state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def describe(self) -> str:
+        return self.name

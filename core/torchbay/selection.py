@@ -1,0 +1,116 @@
+"""Choosing the device, strategy and precision by name, and validating them together.
+
+Everything here runs before any process group starts; every problem found is collected
+and raised at once as :class:`~torchbay.errors.IncompatibleSetupError`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torchbay.cluster import detect_cluster_environment
+from torchbay.config import ResolvedConfig
+from torchbay.context import RunContext
+from torchbay.errors import IncompatibleSetupError, PluginError
+from torchbay.precision import Precision
+from torchbay.strategy import Strategy
+
+log = logging.getLogger("torchbay")
+
+
+def _missing(kind: str, name: str, registry: dict[str, Any], pm, package: str) -> str:
+    failed = [f"{i.name} ({i.distribution}: {i.error})" for i in pm.failed_plugins()]
+    msg = (f"{kind} '{name}' is not installed (installed: {', '.join(sorted(registry)) or 'none'}); "
+           f"pip install {package}")
+    if failed:
+        msg += f"; plugins that failed to load: {'; '.join(failed)}"
+    return msg
+
+
+def select_device(name: str, registry: dict[str, Any], pm, problems: list[str]):
+    if name == "auto":
+        available = [cls for cls in registry.values() if cls.is_available()]
+        if not available:
+            problems.append("device: auto found no usable device (is the built-in cpu plugin blocked?)")
+            return None
+        return max(available, key=lambda c: c.priority)
+    cls = registry.get(name)
+    if cls is None:
+        problems.append(_missing("device", name, registry, pm, f"torchbay-{name}"))
+        return None
+    reason = cls.unavailable_reason()
+    if reason:
+        problems.append(f"device '{name}' cannot be used here: {reason}; or choose another device "
+                        f"(installed: {', '.join(sorted(registry))})")
+    return cls
+
+
+def select_strategy(name: str, registry: dict[str, Any], world_size: int, pm, problems: list[str]):
+    if name == "auto":
+        name = "ddp" if world_size > 1 else "single"
+    cls = registry.get(name)
+    if cls is None:
+        problems.append(_missing("strategy", name, registry, pm, f"torchbay-{name}"))
+    return cls
+
+
+def select_precision(config, registry: dict[str, Any], device_cls, pm, problems: list[str]):
+    mode = config.mixed_precision
+    if mode != "fp8":
+        cls = registry.get(mode)
+        if cls is None:
+            problems.append(f"mixed_precision '{mode}' has no registered implementation (is the amp plugin blocked?)")
+        return cls
+    engines = {key.split(":", 1)[1]: cls for key, cls in registry.items() if key.startswith("fp8:")}
+    backend = config.fp8.backend
+    if backend != "auto":
+        cls = engines.get(backend)
+        if cls is None:
+            problems.append(f"fp8 backend '{backend}' is not installed (installed engines: "
+                            f"{', '.join(sorted(engines)) or 'none'}): pip install torchbay-fp8-{backend}")
+            return None
+        reason = device_cls and cls.unavailable_reason(device_cls)
+        if reason:
+            problems.append(f"fp8 backend '{backend}' cannot run here: {reason}")
+        return cls
+    reasons = []
+    for name, cls in sorted(engines.items(), key=lambda kv: -kv[1].priority):
+        reason = cls.unavailable_reason(device_cls) if device_cls else "no device"
+        if reason is None:
+            log.info("fp8.backend auto chose '%s': the highest-priority installed engine that supports device '%s'"
+                     " (skipped: %s)", name, getattr(device_cls, "name", "?"), "; ".join(reasons) or "none")
+            return cls
+        reasons.append(f"{name}: {reason}")
+    problems.append("mixed_precision fp8 with fp8.backend auto found no usable FP8 engine ("
+                    + ("; ".join(reasons) if reasons else "none is installed") +
+                    "); install one, e.g. pip install torchbay-fp8-<engine>, or use mixed_precision: bf16")
+    return None
+
+
+def build_context(resolved: ResolvedConfig, pm) -> RunContext:
+    """Select every axis and validate the combination; raise with all problems at once."""
+    config = resolved.config
+    try:
+        pm.check_required(config.plugins.required)
+        problems: list[str] = []
+    except PluginError as exc:
+        problems = str(exc).splitlines()
+    registries = pm.registries()
+    cluster = detect_cluster_environment(registries["cluster_environments"])
+    device_cls = select_device(config.device, registries["devices"], pm, problems)
+    strategy_cls = select_strategy(config.strategy, registries["strategies"], cluster.world_size(), pm, problems)
+    precision_cls = select_precision(config, registries["precisions"], device_cls, pm, problems)
+    if config.checkpoint.io not in registries["checkpoint_io"]:
+        problems.append(_missing("checkpoint io", config.checkpoint.io, registries["checkpoint_io"], pm,
+                                 f"torchbay-{config.checkpoint.io}"))
+    context = RunContext(resolved=resolved, pm=pm, cluster=cluster, device_backend_cls=device_cls,
+                         strategy_cls=strategy_cls or Strategy, precision_cls=precision_cls or Precision)
+    if device_cls is not None and strategy_cls is not None and precision_cls is not None:
+        problems += strategy_cls.check(context)
+        problems += precision_cls.check(context)
+        for found in pm.hook.torchbay_validate(context=context):
+            problems += list(found or [])
+    if problems:
+        raise IncompatibleSetupError(problems)
+    return context

@@ -1,0 +1,225 @@
+"""The strategy axis: how the model is replicated or sharded across processes.
+
+A :class:`Strategy` owns the process group. The base class implements everything with
+plain ``torch.distributed`` collectives and full-state checkpoints, so a new strategy
+overrides only what it changes (wrapping, backward, state dicts). Built-in: ``single``
+and ``ddp``; ``fsdp`` and ``deepspeed`` are separate distributions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchbay.checkpointing import CheckpointIO
+    from torchbay.context import RunContext
+
+
+class Strategy:
+    """One way of running a model across processes.
+
+    Class attributes: ``name`` (``config.strategy`` value), ``multi_process`` (whether it
+    can run with more than one process), ``single_process`` (whether it can run with one).
+    """
+
+    name: ClassVar[str] = ""
+    multi_process: ClassVar[bool] = True
+    single_process: ClassVar[bool] = True
+    #: whether each rank holds only part of the weights (checkpointing must then gather)
+    shards_parameters: ClassVar[bool] = False
+    #: whether the strategy's own backward divides the loss for gradient accumulation
+    handles_accumulation: ClassVar[bool] = False
+
+    def __init__(self, context: RunContext):
+        self.context = context
+        self.cluster = context.cluster
+        self.device_backend = context.device_backend
+        self.owns_process_group = False
+
+    # -- validation ---------------------------------------------------------------------
+    @classmethod
+    def check(cls, context: RunContext) -> list[str]:
+        """Problems with running this strategy in ``context`` (before any process group)."""
+        problems = []
+        world = context.cluster.world_size()
+        if world > 1 and not cls.multi_process:
+            problems.append(f"strategy '{cls.name}' runs one process but this job has {world}; "
+                            f"set strategy: ddp (or another multi-process strategy)")
+        if world == 1 and not cls.single_process:
+            problems.append(f"strategy '{cls.name}' needs several processes; launch with "
+                            f"torchbay launch --num-processes N")
+        return problems
+
+    # -- process group ------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.cluster.world_size()
+
+    @property
+    def rank(self) -> int:
+        return self.cluster.rank()
+
+    @property
+    def local_rank(self) -> int:
+        return self.cluster.local_rank()
+
+    @property
+    def distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    def setup_environment(self, timeout_s: float | None = None) -> None:
+        """Join the process group when there are several processes."""
+        if self.world_size <= 1 or self.distributed:
+            return
+        self.cluster.export_torch_env()
+        kwargs: dict[str, Any] = {}
+        if timeout_s:
+            kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
+        backend = self.context.config.process_group_backend or self.device_backend.dist_backend()
+        if self.device_backend.torch_type() != "cpu":
+            kwargs["device_id"] = self.device_backend.device
+        dist.init_process_group(backend=backend, rank=self.rank, world_size=self.world_size, **kwargs)
+        self.owns_process_group = True
+
+    def teardown(self) -> None:
+        """Destroy the process group this strategy created (gloo may abort at exit otherwise)."""
+        if self.owns_process_group and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.barrier()
+            dist.destroy_process_group()
+        self.owns_process_group = False
+
+    def adapt_precision(self, precision):
+        """Return the precision to use; a strategy with its own mixed precision may replace it."""
+        return precision
+
+    # -- wrapping -----------------------------------------------------------------------
+    def setup(self, models: list, optimizers: list, schedulers: list) -> tuple[list, list, list]:
+        """Wrap what one ``prepare`` call passed (any of the lists may be empty).
+
+        The default moves and wraps each model with :meth:`wrap_model` and returns
+        optimizers and schedulers unchanged.
+        """
+        return [self.wrap_model(m) for m in models], optimizers, schedulers
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(self.device_backend.device)
+
+    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return getattr(model, "module", model) if self.is_wrapped(model) else model
+
+    def is_wrapped(self, model: Any) -> bool:
+        return False
+
+    def owns_optimizer_step(self, optimizer: Any) -> bool:
+        """True when the strategy's engine steps this optimizer itself (no scaler use)."""
+        return False
+
+    def backward(self, loss: torch.Tensor, model: Any = None, **kwargs) -> None:
+        loss.backward(**kwargs)
+
+    def no_sync(self, model: Any):
+        """Context in which gradients are accumulated locally, not reduced."""
+        return contextlib.nullcontext()
+
+    def optimizer_step(self, optimizer: Any, **kwargs) -> Any:
+        return self.device_backend.optimizer_step(optimizer, **kwargs)
+
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters, clip_value: float) -> None:
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # -- collectives (no-ops in one process) --------------------------------------------
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate equal-shaped tensors from every rank along dim 0."""
+        if not self.distributed:
+            return tensor
+        tensor = tensor.contiguous()
+        if tensor.ndim == 0:
+            tensor = tensor[None]
+        out = torch.empty((self.world_size * tensor.shape[0], *tensor.shape[1:]),
+                          dtype=tensor.dtype, device=tensor.device)
+        dist.all_gather_into_tensor(out, tensor)
+        return out
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if not self.distributed:
+            return tensor
+        ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+               "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT}
+        out = tensor.clone()
+        dist.all_reduce(out, op=ops[op])
+        if op == "mean":
+            out = out / self.world_size
+        return out
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        if self.distributed:
+            dist.broadcast(tensor, src=src)
+        return tensor
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    # -- state --------------------------------------------------------------------------
+    def model_state_dict(self, model: Any) -> dict[str, torch.Tensor]:
+        """The full (unsharded) state dict; only the main process needs a real one."""
+        return self.unwrap_model(model).state_dict()
+
+    def save_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO) -> list[str]:
+        """Write model and optimizer state into ``directory``; return the files written.
+
+        The default writes full state from the main process: ``model_{i}`` via ``io`` and
+        ``optimizer_{i}.pt`` with ``torch.save``.
+        """
+        written: list[str] = []
+        model_states = [self.model_state_dict(m) for m in models]
+        if self.rank == 0:
+            for i, state in enumerate(model_states):
+                written += io.save_state_dict(state, directory, f"model_{i}")
+            for i, opt in enumerate(optimizers):
+                torch.save(opt.state_dict(), directory / f"optimizer_{i}.pt")
+                written.append(f"optimizer_{i}.pt")
+        return written
+
+    def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO) -> None:
+        from torchbay.errors import CheckpointError
+
+        for i, model in enumerate(models):
+            state = io.load_state_dict(directory, f"model_{i}", device="cpu")
+            try:
+                self.unwrap_model(model).load_state_dict(state)
+            except Exception as exc:
+                raise CheckpointError(f"model {i} in {directory} does not fit the prepared model: {exc}") from exc
+        for i, opt in enumerate(optimizers):
+            path = directory / f"optimizer_{i}.pt"
+            if not path.exists():
+                raise CheckpointError(f"optimizer {i}: {path} is missing from the checkpoint")
+            try:
+                opt.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+            except Exception as exc:
+                raise CheckpointError(f"optimizer {i} could not be restored from {path}: {exc}") from exc
+

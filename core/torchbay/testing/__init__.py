@@ -1,0 +1,1 @@
+"""Test support shipped with torchbay: process helpers and the device conformance kit."""
