@@ -88,8 +88,12 @@ def select_precision(config, registry: dict[str, Any], device_cls, pm, problems:
     return None
 
 
-def build_context(resolved: ResolvedConfig, pm) -> RunContext:
-    """Select every axis and validate the combination; raise with all problems at once."""
+def build_context(resolved: ResolvedConfig, pm, cluster=None) -> RunContext:
+    """Select every axis and validate the combination; raise with all problems at once.
+
+    ``cluster`` describes the job; by default it is detected from this process's
+    environment (a launcher passes one describing the processes it is about to start).
+    """
     config = resolved.config
     try:
         pm.check_required(config.plugins.required)
@@ -97,7 +101,7 @@ def build_context(resolved: ResolvedConfig, pm) -> RunContext:
     except PluginError as exc:
         problems = str(exc).splitlines()
     registries = pm.registries()
-    cluster = detect_cluster_environment(registries["cluster_environments"])
+    cluster = cluster or detect_cluster_environment(registries["cluster_environments"])
     device_cls = select_device(config.device, registries["devices"], pm, problems)
     strategy_cls = select_strategy(config.strategy, registries["strategies"], cluster.world_size(), pm, problems)
     precision_cls = select_precision(config, registries["precisions"], device_cls, pm, problems)
