@@ -11,6 +11,7 @@ tensors come from safetensors or ``torch.load(weights_only=True)``.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 import shutil
@@ -26,6 +27,7 @@ from torchbay.errors import CheckpointError
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.accelerator import Accelerator
 
+log = logging.getLogger("torchbay")
 MANIFEST = "torchbay_manifest.json"
 FORMAT_VERSION = 1
 
@@ -131,6 +133,9 @@ class StateCheckpointer:
     # -- save --------------------------------------------------------------------------
     def save(self, output_dir: str | None = None) -> Path:
         acc = self.acc
+        if not acc.gradient_state.sync_gradients:
+            log.warning("save_state is called inside a gradient accumulation window: the gradients accumulated so "
+                        "far are not saved; save after a step where accelerator.sync_gradients is True")
         final = self.target_for_save(output_dir).absolute()
         partial = final.with_name(final.name + ".partial")
         strategy = acc.strategy
