@@ -1,0 +1,85 @@
+"""The torchbay-fsdp plugin module (entry point ``fsdp`` in group ``torchbay``).
+
+Cheap to import: it imports neither ``torch.distributed.fsdp`` nor
+``torch.distributed.checkpoint`` (the strategy imports them when it is built).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from torchbay.plugins import hookimpl
+
+from torchbay_fsdp.config import FSDPConfig
+
+#: CLI flag -> (config key, argparse keyword arguments); dest is "fsdp.<key>"
+_FLAGS = {
+    "--fsdp-version": ("version", {"type": int, "choices": [1, 2]}),
+    "--fsdp-wrap-policy": ("wrap_policy", {"choices": ["transformer", "size", "none"]}),
+    "--fsdp-transformer-layer-cls-to-wrap": ("transformer_layer_cls_to_wrap",
+                                             {"type": lambda v: [c.strip() for c in v.split(",") if c.strip()],
+                                              "metavar": "CLS[,CLS...]"}),
+    "--fsdp-min-num-params": ("min_num_params", {"type": int}),
+    "--fsdp-reshard-after-forward": ("reshard_after_forward", {"action": argparse.BooleanOptionalAction}),
+    "--fsdp-backward-prefetch": ("backward_prefetch", {"choices": ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]}),
+    "--fsdp-cpu-offload": ("cpu_offload", {"action": argparse.BooleanOptionalAction}),
+    "--fsdp-activation-checkpointing": ("activation_checkpointing", {"action": argparse.BooleanOptionalAction}),
+    "--fsdp-cpu-ram-efficient-loading": ("cpu_ram_efficient_loading", {"action": argparse.BooleanOptionalAction}),
+    "--fsdp-param-dtype": ("param_dtype", {"choices": ["auto", "float32", "bfloat16", "float16"]}),
+    "--fsdp-reduce-dtype": ("reduce_dtype", {"choices": ["auto", "float32", "bfloat16", "float16"]}),
+}
+
+
+@hookimpl
+def torchbay_register_strategies():
+    from torchbay_fsdp.strategy import FSDPStrategy
+
+    return [FSDPStrategy]
+
+
+@hookimpl
+def torchbay_config_sections():
+    return {"fsdp": FSDPConfig}
+
+
+@hookimpl
+def torchbay_add_cli_options(parser, command):
+    if command not in ("launch", "test"):
+        return
+    group = parser.add_argument_group("fsdp (strategy: fsdp)")
+    for flag, (key, kwargs) in _FLAGS.items():
+        description = FSDPConfig.model_fields[key].description or ""
+        group.add_argument(flag, dest=f"fsdp.{key}", default=argparse.SUPPRESS, help=description.replace("%", "%%"),
+                           **kwargs)
+
+
+@hookimpl
+def torchbay_add_commands(subparsers):
+    from torchbay_fsdp.merge import register
+
+    register(subparsers)
+
+
+@hookimpl
+def torchbay_estimate_memory(config, world_size, counts):
+    if config.strategy != "fsdp":
+        return None
+    world = max(world_size, 1)
+    n, trainable = counts.get("parameters", 0), counts.get("trainable", counts.get("parameters", 0))
+    shard = lambda numel, nbytes: -(-numel // world) * nbytes  # noqa: E731
+    return {"strategy": "fsdp", "parameters": shard(n, 4), "gradients": shard(trainable, 4),
+            "optimizer": shard(trainable, 8)}  # fp32 shards; Adam's two moments
+
+
+@hookimpl
+def torchbay_report_env():
+    import torch
+
+    return {"fsdp": f"torchbay-fsdp {_version()}: FSDP2 (fully_shard) with torch {torch.__version__}; "
+                    f"FSDP1 needs an accelerator"}
+
+
+def _version() -> str:
+    from torchbay_fsdp import __version__
+
+    return __version__

@@ -1,0 +1,435 @@
+"""The ``fsdp`` strategy: FSDP2 (``fully_shard``) by default, FSDP1 as ``fsdp.version: 1``.
+
+``torch.distributed.fsdp`` and ``torch.distributed.checkpoint`` are imported when a
+strategy object is built or used, never when this module is imported (the plugin is
+loaded in every torchbay process, most of which never select it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from torchbay.errors import CheckpointError, TorchbayError
+from torchbay.strategy import Strategy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchbay.checkpointing import CheckpointIO
+    from torchbay.context import RunContext
+
+#: the file save_checkpoint writes next to the sharded state (read by ``torchbay merge-weights``)
+INFO_FILE = "fsdp_checkpoint.json"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def model_dir(i: int) -> str:
+    return f"fsdp_model_{i}"
+
+
+def optimizer_dir(i: int) -> str:
+    return f"fsdp_optimizer_{i}"
+
+
+class FSDPStrategy(Strategy):
+    """Shard parameters, gradients and optimizer state across the processes."""
+
+    name = "fsdp"
+    shards_parameters = True
+    handles_accumulation = False
+
+    # -- validation (no process group, no fsdp import) --------------------------------
+    @classmethod
+    def check(cls, context: RunContext) -> list[str]:
+        problems = super().check(context)
+        s = context.config.fsdp
+        device = context.device_backend_cls.torch_type() if context.device_backend_cls else "cpu"
+        if s.version == 1 and device == "cpu":
+            problems.append("fsdp.version 1 (FullyShardedDataParallel) needs an accelerator (cuda, xpu, npu, hpu...) "
+                            "and this run uses device 'cpu'; use fsdp.version: 2 (fully_shard runs on cpu/gloo), "
+                            "or install and select an accelerator's device plugin")
+        if s.version == 2 and s.backward_prefetch in ("BACKWARD_POST", "NO_PREFETCH"):
+            problems.append(f"fsdp.backward_prefetch {s.backward_prefetch} exists only in FSDP1; FSDP2 always prefetches "
+                            f"the next block in backward: unset fsdp.backward_prefetch (or set BACKWARD_PRE), "
+                            f"or use fsdp.version: 1")
+        if s.cpu_offload and device == "cpu":
+            problems.append("fsdp.cpu_offload moves shards to CPU memory but this run already uses device 'cpu'; "
+                            "set fsdp.cpu_offload: false")
+        if s.activation_checkpointing and s.wrap_policy == "none":
+            problems.append("fsdp.activation_checkpointing recomputes the wrapped blocks, but fsdp.wrap_policy is "
+                            "'none' (no blocks); set fsdp.wrap_policy: transformer (with "
+                            "fsdp.transformer_layer_cls_to_wrap) or size")
+        if s.transformer_layer_cls_to_wrap and s.wrap_policy != "transformer":
+            problems.append(f"fsdp.transformer_layer_cls_to_wrap is set but fsdp.wrap_policy is '{s.wrap_policy}'; "
+                            f"set fsdp.wrap_policy: transformer or remove the class list")
+        if (context.config.mixed_precision, s.param_dtype) in (("fp16", "bfloat16"), ("bf16", "float16")):
+            problems.append(f"fsdp.param_dtype {s.param_dtype} disagrees with mixed_precision "
+                            f"{context.config.mixed_precision}; set fsdp.param_dtype: auto")
+        return problems
+
+    # -- process group ------------------------------------------------------------------
+    def __init__(self, context: RunContext):
+        super().__init__(context)
+        self.settings = context.config.fsdp
+        self._param_map: dict[int, tuple[Any, torch.nn.Parameter]] = {}
+        self._optimizers: list[Any] = []  # raw optimizers seen by setup, remapped on later prepares
+        self._roots: list[torch.nn.Module] = []
+        self._mesh = None
+
+    def setup_environment(self, timeout_s: float | None = None) -> None:
+        """Join the process group; with one process, a private one-rank group (FSDP needs a mesh)."""
+        if self.world_size > 1 or self.distributed:
+            return super().setup_environment(timeout_s)
+        backend = self.context.config.process_group_backend or self.device_backend.dist_backend()
+        kwargs: dict[str, Any] = {}
+        if self.device_backend.torch_type() != "cpu":
+            kwargs["device_id"] = self.device_backend.device
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+        self.owns_process_group = True
+
+    @property
+    def mesh(self):
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh(self.device_backend.torch_type(), (dist.get_world_size(),),
+                                          mesh_dim_names=("fsdp",))
+        return self._mesh
+
+    # -- precision ----------------------------------------------------------------------
+    def adapt_precision(self, precision):
+        """fp16: the loss scaler must agree on inf/nan across ranks (each holds only a shard)."""
+        scaler = getattr(precision, "scaler", None)
+        if isinstance(scaler, torch.amp.GradScaler) and self.world_size > 1:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            precision.scaler = ShardedGradScaler(
+                device=self.device_backend.torch_type(), init_scale=scaler._init_scale,
+                growth_factor=scaler._growth_factor, backoff_factor=scaler._backoff_factor,
+                growth_interval=scaler._growth_interval, enabled=scaler.is_enabled())
+        return precision
+
+    def _mixed_precision_dtypes(self) -> tuple[torch.dtype | None, torch.dtype | None]:
+        s = self.settings
+        param = _DTYPES.get(s.param_dtype) if s.param_dtype != "auto" else _PRECISION_DTYPES.get(
+            self.context.config.mixed_precision)
+        if s.reduce_dtype != "auto":
+            reduce = _DTYPES[s.reduce_dtype]
+        else:
+            reduce = torch.float32 if param in (torch.bfloat16, torch.float16) else None
+        return param, reduce
+
+    # -- wrapping -----------------------------------------------------------------------
+    def setup(self, models: list, optimizers: list, schedulers: list) -> tuple[list, list, list]:
+        models = [self.wrap_model(m) for m in models]
+        self._optimizers += [getattr(o, "optimizer", o) for o in optimizers]
+        for opt in self._optimizers:  # also those prepared in an earlier call, before their model
+            self._remap_optimizer(opt)
+        return models, optimizers, schedulers
+
+    def is_wrapped(self, model: Any) -> bool:
+        import sys
+
+        if "torch.distributed.fsdp" not in sys.modules:
+            return False
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+        return isinstance(model, (FSDPModule, FullyShardedDataParallel))
+
+    def unwrap_model(self, model: Any) -> torch.nn.Module:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        # FSDP2 shards in place: the prepared model *is* the user's module (its class gains FSDPModule)
+        return model.module if isinstance(model, FullyShardedDataParallel) else model
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.is_wrapped(model):
+            return model
+        before = dict(model.named_parameters())
+        blocks = self._blocks(model)
+        if self.settings.activation_checkpointing:
+            if not blocks:
+                raise TorchbayError("fsdp.activation_checkpointing: the wrap policy found no blocks in "
+                                    f"{type(model).__name__}; set fsdp.transformer_layer_cls_to_wrap")
+            from torch.distributed._composable import checkpoint
+
+            for block in blocks:
+                checkpoint(block)  # keeps parameter names, unlike checkpoint_wrapper
+        if self.settings.version == 1:
+            wrapped = self._wrap_fsdp1(model, blocks)
+        else:
+            wrapped = self._wrap_fsdp2(model, blocks)
+        after = dict(wrapped.named_parameters())
+        for name, old in before.items():
+            new = after.get(name)
+            if new is not None and new is not old and old.device.type != "meta":
+                self._param_map[id(old)] = (weakref.ref(old), new)
+        self._roots.append(wrapped)
+        return wrapped
+
+    def _blocks(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The submodules that become FSDP units, in pre-order (wrap them in reverse: bottom-up)."""
+        s = self.settings
+        if s.wrap_policy == "none":
+            return []
+        if s.wrap_policy == "transformer":
+            names = set(s.transformer_layer_cls_to_wrap) or set(getattr(model, "_no_split_modules", None) or [])
+            present = {type(m).__name__ for m in model.modules()}
+            missing = sorted(set(s.transformer_layer_cls_to_wrap) - present)
+            if missing:
+                raise TorchbayError(f"fsdp.transformer_layer_cls_to_wrap names {missing}, not found in "
+                                    f"{type(model).__name__} (its classes: {', '.join(sorted(present))})")
+            return [m for m in model.modules() if m is not model and type(m).__name__ in names]
+        # size: bottom-up, a submodule whose not-yet-wrapped parameters reach min_num_params
+        chosen: list[torch.nn.Module] = []
+        claimed: set[int] = set()
+
+        def visit(module: torch.nn.Module) -> None:
+            for child in module.children():
+                visit(child)
+            if module is model:
+                return
+            own = [p for p in module.parameters() if id(p) not in claimed]
+            if sum(p.numel() for p in own) >= s.min_num_params:
+                chosen.append(module)
+                claimed.update(id(p) for p in own)
+
+        visit(model)
+        order = {id(m): i for i, m in enumerate(model.modules())}
+        return sorted(chosen, key=lambda m: order[id(m)])
+
+    def _wrap_fsdp2(self, model: torch.nn.Module, blocks: list[torch.nn.Module]) -> torch.nn.Module:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        s = self.settings
+        device = self.device_backend.device
+        param_dtype, reduce_dtype = self._mixed_precision_dtypes()
+        kwargs = {
+            "mesh": self.mesh,
+            "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+            "offload_policy": CPUOffloadPolicy(pin_memory=device.type != "cpu") if s.cpu_offload else OffloadPolicy(),
+        }
+        full_state, loose_buffers = None, {}
+        if s.cpu_ram_efficient_loading:
+            full_state, loose_buffers = self._take_rank0_weights(model)
+        for block in reversed(blocks):
+            fully_shard(block, reshard_after_forward=s.reshard_after_forward, **kwargs)
+        # the root is needed first in backward: PyTorch's default (None) keeps it gathered
+        root_reshard = None if (blocks and s.reshard_after_forward) else s.reshard_after_forward
+        fully_shard(model, reshard_after_forward=root_reshard, **kwargs)
+        if s.cpu_ram_efficient_loading:
+            self._fill_from_rank0(model, full_state, loose_buffers)
+        return model
+
+    def _take_rank0_weights(self, model: torch.nn.Module) -> tuple[dict | None, dict]:
+        """Keep rank 0's weights aside and move every rank's model to meta before sharding."""
+        persistent = set(model.state_dict().keys())
+        full_state = None
+        loose = {}
+        if self.rank == 0:
+            if any(t.device.type == "meta" for t in model.state_dict().values()):
+                raise TorchbayError("fsdp.cpu_ram_efficient_loading: rank 0 must build the model with real weights "
+                                    "(only the other ranks may use torch.device('meta'))")
+            full_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+            loose = {k: b.detach().clone() for k, b in model.named_buffers() if k not in persistent}
+        model.to("meta")
+        return full_state, loose
+
+    def _fill_from_rank0(self, model: torch.nn.Module, full_state: dict | None, loose: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        model.to_empty(device=self.device_backend.device)
+        set_model_state_dict(model, full_state or {},
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        persistent = set(model.state_dict().keys())
+        for name, buf in model.named_buffers():  # non-persistent buffers are not in any state dict
+            if name in persistent:
+                continue
+            if self.rank == 0:
+                buf.copy_(loose[name])
+            if self.world_size > 1:
+                dist.broadcast(buf, src=0)
+
+    def _wrap_fsdp1(self, model: torch.nn.Module, blocks: list[torch.nn.Module]) -> torch.nn.Module:
+        import functools
+
+        from torch.distributed.fsdp import (BackwardPrefetch, CPUOffload, FullyShardedDataParallel, MixedPrecision,
+                                            ShardingStrategy)
+        from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+        s = self.settings
+        param_dtype, reduce_dtype = self._mixed_precision_dtypes()
+        block_ids = {id(b) for b in blocks}
+        kwargs: dict[str, Any] = {
+            "sharding_strategy": ShardingStrategy.FULL_SHARD if s.reshard_after_forward else ShardingStrategy.SHARD_GRAD_OP,
+            "cpu_offload": CPUOffload(offload_params=s.cpu_offload),
+            "auto_wrap_policy": functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: id(m) in block_ids)
+            if blocks else None,
+            "device_id": self.device_backend.device,
+            "use_orig_params": True,
+            "process_group": self.mesh.get_group(),
+        }
+        if param_dtype is not None or reduce_dtype is not None:
+            kwargs["mixed_precision"] = MixedPrecision(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                                                       buffer_dtype=param_dtype)
+        if s.backward_prefetch is not None:
+            kwargs["backward_prefetch"] = (None if s.backward_prefetch == "NO_PREFETCH"
+                                           else BackwardPrefetch[s.backward_prefetch])
+        if s.cpu_ram_efficient_loading:
+            kwargs["sync_module_states"] = True
+            if self.rank != 0:
+                kwargs["param_init_fn"] = lambda m: m.to_empty(device=self.device_backend.device, recurse=False)
+        return FullyShardedDataParallel(model, **kwargs)
+
+    def _remap_optimizer(self, optimizer: Any) -> None:
+        """Point an optimizer built before sharding at the sharded parameters."""
+        changed = False
+        for group in optimizer.param_groups:
+            params = []
+            for p in group["params"]:
+                entry = self._param_map.get(id(p))
+                if entry is not None and entry[0]() is p:
+                    params.append(entry[1])
+                    changed = True
+                else:
+                    params.append(p)
+            group["params"] = params
+        if changed and optimizer.state:
+            raise TorchbayError("an optimizer that already has state (it has stepped) was prepared with a model that "
+                                "fsdp then sharded; prepare the model and optimizer before the first step")
+
+    # -- every step -----------------------------------------------------------------------
+    def no_sync(self, model: Any):
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+        if isinstance(model, FullyShardedDataParallel):
+            return model.no_sync()
+        if isinstance(model, FSDPModule):
+            return _gradient_sync_off(model)
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        params = [p for p in parameters if p.grad is not None]
+        if self.settings.version == 1:
+            return self._clip_fsdp1(params, max_norm, norm_type)
+        from torch.distributed.tensor import DTensor
+
+        total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
+        if isinstance(total, DTensor):  # a partial norm: reduce it across the shards
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total
+
+    def _clip_fsdp1(self, params, max_norm, norm_type):
+        ids = {id(p) for p in params}
+        for root in self._roots:
+            if ids <= {id(p) for p in root.parameters()}:
+                return root.clip_grad_norm_(max_norm, norm_type)
+        raise TorchbayError("fsdp.version 1 clips the gradients of one whole prepared model: pass model.parameters()")
+
+    # -- state --------------------------------------------------------------------------
+    def model_state_dict(self, model: Any) -> dict[str, torch.Tensor]:
+        """The full state dict on rank 0 (CPU tensors), empty elsewhere; every rank must call it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def _owner(self, optimizer: Any, models: list) -> torch.nn.Module:
+        ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        for model in models:
+            if ids <= {id(p) for p in model.parameters()}:
+                return model
+        raise CheckpointError("an optimizer's parameters do not all belong to one prepared model; fsdp checkpoints "
+                              "each optimizer with its model: use one optimizer per model")
+
+    def save_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO) -> list[str]:
+        """Every rank writes its own shards of each model and optimizer (torch.distributed.checkpoint)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        written: list[str] = []
+        for i, model in enumerate(models):
+            dcp.save(get_model_state_dict(model), checkpoint_id=str(directory / model_dir(i)))
+            written += self._files_of_rank(directory, model_dir(i))
+        for j, opt in enumerate(optimizers):
+            raw = getattr(opt, "optimizer", opt)
+            state = get_optimizer_state_dict(self._owner(raw, models), raw)
+            dcp.save(state, checkpoint_id=str(directory / optimizer_dir(j)))
+            written += self._files_of_rank(directory, optimizer_dir(j))
+        if self.rank == 0:
+            info = {"format": "torch.distributed.checkpoint", "fsdp_version": self.settings.version,
+                    "world_size": self.world_size, "models": [model_dir(i) for i in range(len(models))],
+                    "optimizers": [optimizer_dir(j) for j in range(len(optimizers))]}
+            (directory / INFO_FILE).write_text(json.dumps(info, indent=2))
+            written.append(INFO_FILE)
+        return written
+
+    def _files_of_rank(self, directory: Path, stem: str) -> list[str]:
+        out = []
+        for path in sorted((directory / stem).iterdir()):
+            if path.name.startswith(f"__{self.rank}_") or (self.rank == 0 and not path.name.startswith("__")):
+                out.append(f"{stem}/{path.name}")
+        return out
+
+    def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO) -> None:
+        """Load sharded state written by any number of processes (DCP reshards on load).
+
+        A checkpoint written by a strategy that saves full weights (single, ddp) loads its
+        model weights too; its optimizer state cannot be mapped onto shards.
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        for i, model in enumerate(models):
+            path = directory / model_dir(i)
+            try:
+                if (path / ".metadata").exists():
+                    state = get_model_state_dict(model)
+                    dcp.load(state, checkpoint_id=str(path))
+                    set_model_state_dict(model, state)
+                elif io.exists(directory, f"model_{i}"):
+                    full = io.load_state_dict(directory, f"model_{i}", device="cpu") if self.rank == 0 else {}
+                    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True,
+                                                                              broadcast_from_rank0=True))
+                else:
+                    raise CheckpointError(f"model {i}: neither {model_dir(i)}/ (sharded) nor model_{i} weights are in "
+                                          f"{directory}")
+            except CheckpointError:
+                raise
+            except Exception as exc:
+                raise CheckpointError(f"model {i} in {directory} does not fit the prepared model: "
+                                      f"{type(exc).__name__}: {exc}") from exc
+        for j, opt in enumerate(optimizers):
+            path = directory / optimizer_dir(j)
+            if not (path / ".metadata").exists():
+                hint = (" (the checkpoint was saved by a strategy that does not shard: its optimizer state is keyed "
+                        "by position and cannot be resharded)" if (directory / f"optimizer_{j}.pt").exists() else "")
+                raise CheckpointError(f"optimizer {j}: {optimizer_dir(j)}/ is missing from {directory}{hint}")
+            raw = getattr(opt, "optimizer", opt)
+            owner = self._owner(raw, models)
+            try:
+                state = get_optimizer_state_dict(owner, raw)
+                dcp.load(state, checkpoint_id=str(path))
+                set_optimizer_state_dict(owner, raw, state)
+            except Exception as exc:
+                raise CheckpointError(f"optimizer {j} could not be restored from {path}: "
+                                      f"{type(exc).__name__}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _gradient_sync_off(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)

@@ -1,0 +1,37 @@
+"""Worker (1 or 2 processes): load the state fsdp_train.py saved after step S and finish the run.
+
+Writes ``result_resume_<world>.json`` (rank 0): losses of the remaining steps and the
+largest weight difference from the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from fsdp_common import full_state, make_model, max_diff, out_dir, write_json
+from fsdp_train import K, LR, S, train
+
+from torchbay import Accelerator
+
+
+def main():
+    out = out_dir()
+    acc = Accelerator(strategy="fsdp", seed=123, config={"fsdp": {"transformer_layer_cls_to_wrap": ["Block"]}})
+    model = make_model(seed=99)  # different initial weights: everything must come from the checkpoint
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    model, opt = acc.prepare(model, opt)
+    acc.load_state(os.path.join(out, "ckpt"))
+    losses, _ = train(acc, model, opt, K, start=S)
+    state = full_state(acc, model)
+    if acc.is_main_process:
+        expected = torch.load(os.path.join(out, "uninterrupted.pt"), weights_only=True)
+        write_json(os.path.join(out, f"result_resume_{acc.num_processes}.json"),
+                   {"losses": losses, "weights_max_diff": max_diff(expected, state),
+                    "local_numel": sum(p.to_local().numel() for p in model.parameters()),
+                    "numel": sum(p.numel() for p in model.parameters())})
+    acc.end_training()
+
+
+if __name__ == "__main__":
+    main()
