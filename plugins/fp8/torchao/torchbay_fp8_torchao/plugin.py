@@ -1,0 +1,34 @@
+"""The torchbay plugin module of torchbay-fp8-torchao (entry point ``fp8-torchao``).
+
+Registers :class:`~torchbay_fp8_torchao.precision.TorchaoFP8Precision` and, under FSDP2 with
+float8 all-gather, precomputes the weights' FP8 scales after every optimizer step. Nothing
+here imports torchao.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+
+from torchbay.plugins import hookimpl
+
+
+@hookimpl
+def torchbay_register_precisions():
+    from torchbay_fp8_torchao.precision import TorchaoFP8Precision
+
+    return [TorchaoFP8Precision]
+
+
+@hookimpl
+def torchbay_after_optimizer_step(context, optimizer):
+    precision = context.precision
+    if getattr(precision, "fp8_backend", None) == "torchao" and precision.precompute_scales:
+        precision.precompute_fsdp_scales()
+
+
+@hookimpl
+def torchbay_report_env():
+    if importlib.util.find_spec("torchao") is None:
+        return {"fp8 torchao": "not installed (pip install torchao)"}
+    return {"fp8 torchao": importlib.metadata.version("torchao")}

@@ -1,0 +1,216 @@
+"""``mixed_precision: fp8`` with ``fp8.backend: torchao``.
+
+torchao's ``convert_to_float8_training`` swaps eligible ``nn.Linear`` for its Float8 Linear
+(dynamic scaling: the scale of each tensor is computed from the tensor itself, so there is
+no scaling history to checkpoint). The conversion runs in ``prepare`` before the strategy
+wraps the model, so DDP and FSDP2 see the FP8 modules. Under FSDP2 (tensorwise recipe) the
+weights are all-gathered in FP8 and their scales are precomputed after each optimizer step.
+
+Emulation: on a device without FP8 tensor cores (the CPU; NVIDIA GPUs below compute
+capability 8.9), torchao can emulate FP8 numerics in high precision. That is opt-in with
+``fp8.engine_options.emulate: true`` (it is slower than bf16 and for testing only);
+without it such a set-up fails before training, naming the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import torch
+
+from torchbay.errors import CheckpointError
+from torchbay.precision import Precision
+
+from torchbay_fp8_torchao import _common
+
+log = logging.getLogger("torchbay.fp8")
+
+ENGINE = "torchao"
+
+#: fp8.recipe -> torchao recipe name (``current`` is dynamic per-tensor scaling, i.e. tensorwise)
+RECIPES = {"tensorwise": "tensorwise", "current": "tensorwise", "rowwise": "rowwise"}
+
+OPTIONS: dict[str, Any] = {
+    "emulate": bool,                        # emulate FP8 numerics (any device; slow, for tests)
+    "recipe_name": {"tensorwise", "rowwise", "rowwise_with_gw_hp"},  # a torchao recipe, overrides fp8.recipe
+    "enable_fsdp_float8_all_gather": bool,  # default: on under FSDP2 with a tensorwise recipe
+    "precompute_scales": bool,              # default: on when FP8 all-gather is on
+    "pad_inner_dim": bool,
+    "round_scales_to_power_of_2": bool,
+    "small_layer_threshold": (int, float),
+}
+
+
+def fast_path_reason(device_type: str) -> str | None:
+    """Why torchao has no FP8 hardware path on this device type, or ``None`` when it has one."""
+    if device_type == "cuda":
+        if getattr(torch.version, "hip", None):
+            return None  # ROCm MI300+: torchao picks the fnuz FP8 types itself
+        cap = _common.cuda_capability()
+        if cap is None:
+            return "no NVIDIA GPU was found"
+        if cap < (8, 9):
+            return f"the GPU has compute capability {cap[0]}.{cap[1]}; FP8 tensor cores need 8.9+ (Ada, Hopper, Blackwell)"
+        return None
+    return f"device type '{device_type}' has no FP8 matmul that torchao uses (NVIDIA compute capability 8.9+ or ROCm MI300+)"
+
+
+class TorchaoFP8Precision(Precision):
+    """torchao Float8 training: converted Linears, optional bf16 autocast around the forward."""
+
+    name = "fp8"
+    fp8_backend = ENGINE
+    priority = 50
+    engine_module = "torchao"
+    install_hint = "pip install torchbay-fp8-torchao (it requires torchao)"
+
+    # -- validation ---------------------------------------------------------------------
+    @classmethod
+    def check(cls, context) -> list[str]:
+        fp8 = context.config.fp8
+        options = dict(fp8.engine_options)
+        problems = _common.option_problems(ENGINE, options, OPTIONS)
+        if fp8.recipe not in RECIPES:
+            problems.append(_common.unsupported_setting(
+                ENGINE, "recipe", fp8.recipe, "torchao offers dynamic scaling only: tensorwise (= current) or rowwise; "
+                "for delayed, block or mxfp8 scaling use fp8.backend: te"))
+        if fp8.margin:
+            problems.append(_common.unsupported_setting(ENGINE, "margin", fp8.margin,
+                                                        "a margin applies to delayed scaling; set it to 0 or use fp8.backend: te"))
+        for key in ("amax_history_len", "amax_compute_algo"):
+            if _common.is_explicit(context, key):
+                problems.append(_common.unsupported_setting(
+                    ENGINE, key, getattr(fp8, key), "amax history belongs to delayed scaling, which torchao does not "
+                    "offer; remove the setting or use fp8.backend: te"))
+        device = context.device_backend_cls
+        reason = fast_path_reason(device.torch_type())
+        if reason and not options.get("emulate", False):
+            problems.append(f"fp8 engine 'torchao' has no FP8 hardware path on device '{device.name}': {reason}. "
+                            f"Set fp8.engine_options.emulate: true to emulate FP8 numerics (slower than bf16; for "
+                            f"testing), or use mixed_precision: bf16")
+        if fp8.outer_autocast and not device.supports_autocast(torch.bfloat16):
+            problems.append(f"fp8.outer_autocast needs bf16 autocast, which device '{device.name}' lacks; "
+                            f"set fp8.outer_autocast: false")
+        if options.get("enable_fsdp_float8_all_gather") and not cls._is_fsdp2(context):
+            problems.append("fp8.engine_options.enable_fsdp_float8_all_gather needs strategy: fsdp (FSDP2)")
+        if options.get("enable_fsdp_float8_all_gather") and cls._recipe_name(fp8, options) != "tensorwise":
+            problems.append("fp8.engine_options.enable_fsdp_float8_all_gather works with the tensorwise recipe only "
+                            "(torchao); drop it or use fp8.recipe: tensorwise")
+        return problems
+
+    @staticmethod
+    def _is_fsdp2(context) -> bool:
+        if getattr(context.strategy_cls, "name", "") != "fsdp":
+            return False
+        section = getattr(context.config, "fsdp", None)
+        return getattr(section, "version", 2) == 2
+
+    @staticmethod
+    def _recipe_name(fp8, options) -> str:
+        return options.get("recipe_name") or RECIPES.get(fp8.recipe, "tensorwise")
+
+    # -- set-up -------------------------------------------------------------------------
+    def __init__(self, context):
+        super().__init__(context)
+        fp8 = context.config.fp8
+        self.fp8 = fp8
+        self.options = dict(fp8.engine_options)
+        self.recipe_name = self._recipe_name(fp8, self.options)
+        self.emulate = bool(self.options.get("emulate", False))
+        fsdp2 = self._is_fsdp2(context)
+        self.fsdp_float8_all_gather = bool(self.options.get(
+            "enable_fsdp_float8_all_gather", fsdp2 and self.recipe_name == "tensorwise"))
+        self.precompute_scales = bool(self.options.get("precompute_scales", self.fsdp_float8_all_gather))
+        #: per converted model (in prepare order): the names of the converted Linear modules
+        self.converted: list[list[str]] = []
+        self.plans: list[_common.LinearPlan] = []
+        self._modules: list[torch.nn.Module] = []
+        if self.emulate and _common.is_main_process(context):
+            log.warning("fp8 (torchao): emulating FP8 (fp8.engine_options.emulate: true): FP8 numerics computed in "
+                        "high precision; expect it to be slower than bf16. Use it to test, not to train fast.")
+
+    def float8_config(self):
+        """The torchao ``Float8LinearConfig`` for this run's settings."""
+        from torchao.float8 import Float8LinearConfig
+        from torchao.float8.config import CastConfig, e4m3_dtype
+
+        base = Float8LinearConfig.from_recipe_name(self.recipe_name)
+        changes: dict[str, Any] = {"emulate": self.emulate,
+                                   "enable_fsdp_float8_all_gather": self.fsdp_float8_all_gather}
+        for key in ("pad_inner_dim", "round_scales_to_power_of_2"):
+            if key in self.options:
+                changes[key] = self.options[key]
+        if _common.is_explicit(self.context, "format"):
+            # HYBRID: gradients in E5M2 (torchao's tensorwise default); E4M3: gradients in E4M3 too.
+            # Unset, the torchao recipe's own choice stands (rowwise uses E4M3 throughout).
+            from torchao.float8.config import e5m2_dtype
+
+            grad_dtype = e4m3_dtype if self.fp8.format == "E4M3" else e5m2_dtype
+            for key in ("cast_config_grad_output", "cast_config_grad_output_for_grad_weight"):
+                cc = getattr(base, key)
+                changes[key] = CastConfig(cc.scaling_type, cc.scaling_granularity, grad_dtype)
+        fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
+        fields.update(changes)
+        return Float8LinearConfig(**fields)
+
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        if any(id(module) == id(m) for m in self._modules):
+            return module
+        from torchao.float8 import convert_to_float8_training
+
+        plan = _common.plan_linears(module, self.fp8)
+        chosen = set(plan.convert)
+        module = convert_to_float8_training(module, config=self.float8_config(),
+                                            module_filter_fn=lambda mod, fqn: fqn in chosen)
+        self.plans.append(plan)
+        self.converted.append(list(plan.convert))
+        self._modules.append(module)
+        main = _common.is_main_process(self.context)
+        if main:
+            log.info("fp8 (torchao, recipe %s%s): %s", self.recipe_name, ", emulated" if self.emulate else "",
+                     plan.describe())
+        if not plan.convert and main:
+            log.warning("fp8 (torchao): no Linear module of this model was converted, so it trains in %s; see the "
+                        "reasons above (fp8.include / fp8.exclude / fp8.keep_first_and_last)",
+                        "bf16" if self.fp8.outer_autocast else "full precision")
+        _common.warn_small_layers(ENGINE, {n: plan.shapes[n] for n in plan.convert}, self.options, main, self.emulate)
+        return module
+
+    # -- every step ---------------------------------------------------------------------
+    @property
+    def wraps_forward(self) -> bool:
+        return self.fp8.outer_autocast
+
+    def forward_context(self, handler=None):
+        if not self.fp8.outer_autocast:
+            return contextlib.nullcontext()
+        enabled = handler.enabled if handler is not None else True
+        return self.device_backend.autocast(torch.bfloat16, enabled=enabled)
+
+    def precompute_fsdp_scales(self) -> None:
+        """One all-reduce computing every FP8 weight's scale for the next FSDP2 all-gather."""
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        for module in self._modules:
+            precompute_float8_dynamic_scale_for_fsdp(module)
+
+    # -- state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        # dynamic scaling keeps no history: the state is what was converted, to check on load
+        return {"engine": ENGINE, "recipe": self.recipe_name, "converted": [list(c) for c in self.converted]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("engine") != ENGINE:
+            raise CheckpointError(f"precision: the checkpoint was saved with fp8 engine {state.get('engine')!r} "
+                                  f"(precision state {sorted(state)}), this run uses 'torchao'")
+        if state.get("converted") != self.converted:
+            raise CheckpointError(f"precision: the checkpoint converted other Linear modules to FP8 "
+                                  f"({state.get('converted')}) than this run ({self.converted}); use the same "
+                                  f"fp8.include / fp8.exclude / fp8.keep_first_and_last")
+        if self.precompute_scales:
+            self.precompute_fsdp_scales()  # the loaded weights need fresh scales before the next all-gather
+
+    def describe(self) -> str:
+        return f"fp8:torchao:{self.recipe_name}{':emulated' if self.emulate else ''}"
