@@ -71,6 +71,8 @@ class PluginManager(pluggy.PluginManager):
             autoload = os.environ.get("TORCHBAY_DISABLE_PLUGIN_AUTOLOAD", "") in ("", "0", "false")
         self.autoload = autoload
         self.only = set(only) if only is not None else set(_env_list("TORCHBAY_PLUGINS"))
+        # historic: every plugin registered from now on receives it at registration
+        self.hook.torchbay_addhooks.call_historic(kwargs={"pluginmanager": self})
         if builtins:
             self._register_builtins()
         self._load_entry_points()
@@ -172,11 +174,13 @@ class PluginManager(pluggy.PluginManager):
         self.unregister(name=plugin_name)
 
     def _record_registrations(self) -> None:
+        singular = {"devices": "device", "strategies": "strategy", "precisions": "precision",
+                    "checkpoint_io": "checkpoint_io", "cluster_environments": "cluster_environment"}
         for kind, registry in self._registries.items():
             for name, cls in registry.items():
                 info = self.infos.get(getattr(cls, "_torchbay_plugin", ""))
                 if info is not None:
-                    info.registers.append(f"{kind[:-1] if kind.endswith('s') else kind}:{name}")
+                    info.registers.append(f"{singular[kind]}:{name}")
 
     def hooks_of(self, name: str) -> list[str]:
         plugin = self.get_plugin(name)

@@ -1,0 +1,143 @@
+"""Plugin machinery: a third-party distribution built and installed here, a broken one,
+and pytest-style control over which plugins load."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from torchbay.plugins import PluginManager
+
+HERE = os.path.dirname(__file__)
+FIXTURES = os.path.join(HERE, "fixtures")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """Build and install the toy and broken plugin distributions into a temporary location."""
+    target = tmp_path_factory.mktemp("site")
+    for name in ("toy_plugin", "broken_plugin"):
+        src = tmp_path_factory.mktemp("src") / name
+        shutil.copytree(os.path.join(FIXTURES, name), src)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--target", str(target), str(src)], check=True, capture_output=True)
+    return str(target)
+
+
+def probe(site, *args, env=None, script="plugin_probe.py"):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
+    full_env["PYTHONPATH"] = site + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "scripts", script), *args], capture_output=True,
+                          text=True, env=full_env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_builtins_register_through_the_same_hooks():
+    pm = PluginManager(autoload=False)
+    reg = pm.registries()
+    assert {"cpu"} <= set(reg["devices"])
+    assert {"single", "ddp"} <= set(reg["strategies"])
+    assert {"no", "fp16", "bf16"} <= set(reg["precisions"])
+    assert {"safetensors", "dcp"} <= set(reg["checkpoint_io"])
+    assert {"torchrun", "slurm", "openmpi", "mpich"} <= set(reg["cluster_environments"])
+    assert pm.infos["cpu"].status == "builtin"
+    assert "torchbay_register_devices" in pm.hooks_of("cpu")
+
+
+def test_third_party_plugin_end_to_end(site, tmp_path):
+    cfg = tmp_path / "toy.yaml"
+    cfg.write_text("device: toydev\nstrategy: toystrategy\nmixed_precision: fp8\nfp8:\n  backend: toyfp8\n"
+                   "checkpoint:\n  io: toyio\ntoy:\n  level: 3\n")
+    out = probe(site, "--train", "--config-file", str(cfg), "--ckpt", str(tmp_path / "ck"), env={"TOY_RANK": "0"})
+    toy = out["infos"]["toy"]
+    assert toy["status"] == "loaded" and toy["distribution"] == "torchbay-toy" and toy["version"] == "0.3.1"
+    assert {"device:toydev", "strategy:toystrategy", "precision:fp8:toyfp8", "checkpoint_io:toyio",
+            "cluster_environment:toycluster"} <= set(toy["registers"])
+    run = out["run"]
+    assert run == {**run, "device": "toydev", "strategy": "toystrategy", "precision": "fp8:toyfp8", "io": "toyio",
+                   "cluster": "toycluster", "toy_level": 3}
+    events = run["events"]
+    for expected in ("addhooks", "configure:level=3", "setup_process:toydev", "prepare:2",
+                     "toyfp8.convert_module", "load_state_extra:3"):
+        assert expected in events
+    assert run["steps"] == 3  # after_optimizer_step counted 3 steps; state_extra saved and restored them
+    assert "torchbay_after_optimizer_step" in out["hooks"]["toy"]
+
+
+def test_plugin_validation_joins_the_core_complaints(site, tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("device: nosuch\ntoy:\n  level: 9\n  mode: careful\n")
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
+    full_env["PYTHONPATH"] = site
+    code = ("from torchbay import Accelerator, IncompatibleSetupError\n"
+            f"try:\n    Accelerator(config_file={str(cfg)!r})\n"
+            "except IncompatibleSetupError as e:\n    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=60)
+    assert "device 'nosuch' is not installed" in proc.stdout
+    assert "toy.level above 5" not in proc.stdout  # plugin validation runs only once the axes resolve
+    cfg.write_text("toy:\n  level: 9\n  mode: careful\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=60)
+    assert "toy.level above 5 is not allowed" in proc.stdout
+
+
+def test_broken_plugins_are_reported_and_the_core_keeps_working(site):
+    out = probe(site)
+    broken = out["infos"]["broken"]
+    assert broken["status"] == "failed" and broken["distribution"] == "torchbay-broken"
+    assert "this_module_does_not_exist" in broken["error"]
+    bad = out["infos"]["badregistry"]
+    assert bad["status"] == "failed" and "registry exploded" in bad["error"]
+    assert "ddp" in out["registries"]["strategies"] and "toystrategy" in out["registries"]["strategies"]
+
+
+def test_a_failed_plugin_is_named_when_its_name_is_selected(site):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
+    full_env["PYTHONPATH"] = site
+    code = ("from torchbay import Accelerator, IncompatibleSetupError\n"
+            "try:\n    Accelerator(strategy='broken')\nexcept IncompatibleSetupError as e:\n    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=60)
+    assert "strategy 'broken' is not installed" in proc.stdout
+    assert "plugins that failed to load:" in proc.stdout
+    assert "broken (torchbay-broken: ModuleNotFoundError: No module named 'this_module_does_not_exist')" in proc.stdout
+
+
+def test_autoload_can_be_disabled_and_plugins_named(site):
+    out = probe(site, env={"TORCHBAY_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert out["infos"]["toy"]["status"] == "not autoloaded"
+    assert "toydev" not in out["registries"]["devices"]
+    out = probe(site, env={"TORCHBAY_DISABLE_PLUGIN_AUTOLOAD": "1", "TORCHBAY_PLUGINS": "toy"})
+    assert out["infos"]["toy"]["status"] == "loaded" and out["infos"]["broken"]["status"] == "not autoloaded"
+    assert "toydev" in out["registries"]["devices"]
+
+
+def test_blocking_a_plugin(site):
+    out = probe(site, env={"TORCHBAY_BLOCK_PLUGINS": "toy,broken"})
+    assert out["infos"]["toy"]["status"] == "blocked" and out["infos"]["broken"]["status"] == "blocked"
+    assert "toydev" not in out["registries"]["devices"]
+
+
+def test_required_plugins(site, tmp_path):
+    cfg = tmp_path / "req.yaml"
+    cfg.write_text("plugins:\n  required: [toy, torchbay-nosuch, broken]\n")
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
+    full_env["PYTHONPATH"] = site
+    code = ("from torchbay import Accelerator, IncompatibleSetupError\n"
+            f"try:\n    Accelerator(config_file={str(cfg)!r})\n"
+            "except IncompatibleSetupError as e:\n    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=60)
+    assert "required plugin 'torchbay-nosuch' is not installed: pip install torchbay-nosuch" in proc.stdout
+    assert "required plugin 'broken' is failed" in proc.stdout
+    assert "'toy'" not in proc.stdout
+
+
+def test_plugin_commands_and_cli_options_reach_the_cli(site):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
+    full_env["PYTHONPATH"] = site
+    proc = subprocess.run([sys.executable, "-m", "torchbay.cli.main", "toy-hello"], capture_output=True, text=True,
+                          env=full_env, timeout=60)
+    assert proc.returncode == 0 and "hello from toy" in proc.stdout
