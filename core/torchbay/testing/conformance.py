@@ -1,0 +1,712 @@
+"""The device conformance kit: checks any device plugin runs against its own device.
+
+Two ways to use it:
+
+- as pytest tests, in the plugin's own test file::
+
+      from torchbay.testing.conformance import *  # noqa: F401,F403
+
+      CONFORMANCE_DEVICE = "mydevice"   # the name the plugin registers
+
+  (or override the ``conformance_device`` fixture). Every check becomes one test; a device that is not available here makes every
+  test skip with the device's own reason.
+
+- as a function: ``run_conformance("mydevice")`` returns a :class:`ConformanceReport`
+  with one :class:`CheckResult` per check (``report.ok``, ``report.failures``,
+  ``str(report)``, ``report.raise_for_failures()``).
+
+The checks (see :data:`CHECKS`): detection, plugin import cost, RNG round trip, seeding
+determinism, memory queries, autocast dtypes, a 2-process collective test started through
+``torchbay launch`` (``torch.distributed.run`` while that command is not installed), and a
+train / save_state / load_state / resume cycle that must equal the uninterrupted run.
+Nothing here names a device: it is the plugin's ``DeviceBackend`` that is tested.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+__all__ = [
+    "CHECKS", "CheckResult", "ConformanceReport", "ConformanceFailure", "ConformanceSkip", "run_conformance",
+    "run_check", "conformance_device", "conformance_plugin_manager", "conformance_env",
+    "test_conformance_detection", "test_conformance_plugin_import", "test_conformance_rng_round_trip",
+    "test_conformance_seeding", "test_conformance_memory", "test_conformance_autocast",
+    "test_conformance_collectives", "test_conformance_train_resume",
+]
+
+class ConformanceFailure(AssertionError):
+    """A check found the device backend not conforming; the message says what and how to fix it."""
+
+
+class ConformanceSkip(Exception):
+    """A check cannot run here (device missing, capability not declared)."""
+
+
+@dataclass
+class CheckResult:
+    name: str
+    status: str  # "passed", "failed", "skipped"
+    message: str = ""
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def __str__(self) -> str:
+        text = f"[{self.status.upper():7}] {self.name} ({self.seconds:.1f}s)"
+        return text + (f": {self.message}" if self.message else "")
+
+
+@dataclass
+class ConformanceReport:
+    device: str
+    results: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No check failed (skipped checks are allowed)."""
+        return not self.failures
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        return [r for r in self.results if r.status == "failed"]
+
+    def __getitem__(self, name: str) -> CheckResult:
+        for result in self.results:
+            if result.name == name:
+                return result
+        raise KeyError(name)
+
+    def __str__(self) -> str:
+        lines = [f"torchbay device conformance for '{self.device}':"] + [f"  {r}" for r in self.results]
+        return "\n".join(lines)
+
+    def raise_for_failures(self) -> None:
+        if self.failures:
+            raise ConformanceFailure(str(self))
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _fail(message: str) -> None:
+    raise ConformanceFailure(message)
+
+
+def _get_pm(pm=None):
+    if pm is not None:
+        return pm
+    from torchbay.plugins import get_plugin_manager
+
+    return get_plugin_manager()
+
+
+def _device_class(name: str, pm=None):
+    from torchbay.device import DeviceBackend
+
+    registry = _get_pm(pm).registries()["devices"]
+    cls = registry.get(name)
+    if cls is None:
+        failed = [f"{i.name}: {i.error}" for i in _get_pm(pm).failed_plugins()]
+        _fail(f"device '{name}' is not registered (registered: {', '.join(sorted(registry)) or 'none'})"
+              + (f"; plugins that failed to load: {'; '.join(failed)}" if failed else "")
+              + ": is the plugin installed, with an entry point in group 'torchbay' whose "
+                "torchbay_register_devices() returns its class?")
+    if not (isinstance(cls, type) and issubclass(cls, DeviceBackend)):
+        _fail(f"device '{name}' is registered as {cls!r}, which is not a torchbay.device.DeviceBackend subclass")
+    return cls
+
+
+def _require_available(cls) -> None:
+    reason = cls.unavailable_reason()
+    if reason:
+        raise ConformanceSkip(f"device '{cls.name}' is not available here: {reason}")
+
+
+def _first(t: torch.Tensor, n: int = 4) -> list:
+    return [round(float(v), 6) for v in t.detach().flatten()[:n].cpu()]
+
+
+@contextlib.contextmanager
+def _plugin_manager(pm):
+    """Make ``pm`` the process-wide manager for the duration (Accelerator uses that one)."""
+    if pm is None:
+        yield
+        return
+    from torchbay import plugins
+
+    saved = plugins._cached
+    plugins.reset_plugin_manager(pm)
+    try:
+        yield
+    finally:
+        plugins.reset_plugin_manager(saved)
+
+
+@contextlib.contextmanager
+def _single_process_env():
+    """Hide launcher variables so that in-process checks run one process."""
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHBAY_RESOLVED_CONFIG",
+            "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE")
+    saved = {k: os.environ.pop(k) for k in keys if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+# --- the checks ----------------------------------------------------------------------------
+
+
+def check_detection(name: str, pm=None, **_: Any) -> str:
+    """Registration, class attributes and class-level detection answers."""
+    cls = _device_class(name, pm)
+    problems = []
+    if cls.name != name:
+        problems.append(f"class {cls.__qualname__} is registered under '{name}' but its name attribute is '{cls.name}'")
+    if not isinstance(cls.priority, int):
+        problems.append(f"priority must be an int, got {cls.priority!r}")
+    try:
+        torch.device(cls.torch_type())
+    except Exception as exc:
+        problems.append(f"torch_type() '{cls.torch_type()}' is not a torch device type here ({exc}); set device_type, "
+                        f"or import the runtime that registers it in load_runtime()")
+    reason = cls.unavailable_reason()
+    if reason is not None and (not isinstance(reason, str) or not reason.strip()):
+        problems.append(f"unavailable_reason() must return None or a non-empty explanation, got {reason!r}")
+    if cls.is_available() != (reason is None):
+        problems.append("is_available() disagrees with unavailable_reason()")
+    if problems:
+        _fail("; ".join(problems))
+    if reason is not None:
+        raise ConformanceSkip(f"device '{name}' is not available here: {reason}")
+    count = cls.device_count()
+    if not isinstance(count, int) or count < 1:
+        _fail(f"device '{name}' says it is available but device_count() is {count!r}; it must be >= 1")
+    backend = cls.dist_backend()
+    if not isinstance(backend, str) or not backend:
+        _fail(f"dist_backend() must name a torch.distributed backend, got {backend!r}")
+    env = cls.launch_env(2)
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        _fail(f"launch_env(2) must return dict[str, str], got {env!r}")
+    instance = cls(0)
+    if instance.device.type != cls.torch_type():
+        _fail(f"{cls.__qualname__}(0).device is {instance.device} but torch_type() is '{cls.torch_type()}'")
+    report = instance.report()
+    if not isinstance(report, dict):
+        _fail(f"report() must return a dict, got {type(report).__name__}")
+    return f"{count} device(s), dist backend {backend}, priority {cls.priority}"
+
+
+def check_plugin_import(name: str, pm=None, env: dict[str, str] | None = None, **_: Any) -> str:
+    """Importing the plugin module must not import the vendor runtime (rule 4)."""
+    cls = _device_class(name, pm)
+    module = cls.__module__
+    runtime = cls.runtime_module
+    if not runtime:
+        return "no runtime module declared"
+    if module == "__main__" or module not in sys.modules or getattr(sys.modules[module], "__file__", None) is None:
+        raise ConformanceSkip(f"the class is defined in {module!r}, which a fresh interpreter cannot import")
+    code = (f"import sys, importlib; importlib.import_module({module!r}); "
+            f"print({runtime.split('.')[0]!r} in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        _fail(f"importing the plugin module {module} in a fresh interpreter failed:\n{proc.stderr[-2000:]}")
+    if proc.stdout.strip().endswith("True"):
+        _fail(f"importing the plugin module {module} imported the runtime '{runtime}': import it only in "
+              f"load_runtime() (it runs when the device is selected), never at module level")
+    return f"importing {module} leaves '{runtime}' unimported"
+
+
+def _draw(device: torch.device, n: int = 64) -> torch.Tensor:
+    return torch.rand(n, device=device).cpu()
+
+
+def check_rng_round_trip(name: str, pm=None, **_: Any) -> str:
+    """get_rng_state / set_rng_state restore the exact stream of the device's generator."""
+    cls = _device_class(name, pm)
+    _require_available(cls)
+    backend = cls(0)
+    backend.set_current()
+    backend.manual_seed(1234)
+    _draw(backend.device)  # move away from the freshly seeded point
+    states = backend.get_rng_state()
+    if not isinstance(states, list) or not states or not all(isinstance(s, torch.Tensor) for s in states):
+        _fail(f"get_rng_state() must return a non-empty list of tensors, got {type(states).__name__}: {states!r:.200}")
+    off_host = [str(s.device) for s in states if s.device.type != "cpu"]
+    if off_host:
+        _fail(f"get_rng_state() returned tensors on {off_host}: states must be CPU tensors so that save_state can "
+              f"write them and load_state can read them before the device is used")
+    buffer = io.BytesIO()
+    torch.save(states, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    expected = _draw(backend.device)
+    _draw(backend.device)  # advance further so that a no-op restore is visible
+    backend.set_rng_state(saved)
+    got = _draw(backend.device)
+    if not torch.equal(expected, got):
+        _fail(f"RNG round trip on {backend.device}: the draws after set_rng_state(get_rng_state()) differ from the "
+              f"draws made right after get_rng_state() (expected {_first(expected)}..., got {_first(got)}...): "
+              f"{cls.__qualname__}.set_rng_state does not restore the generator state that get_rng_state returned, so "
+              f"load_state would resume with a different random stream")
+    backend.set_rng_state(saved)
+    again = _draw(backend.device)
+    if not torch.equal(expected, again):
+        _fail(f"RNG round trip on {backend.device}: restoring the same saved state twice gave different draws "
+              f"({_first(expected)}... then {_first(again)}...)")
+    return f"{len(states)} generator state(s) restored exactly"
+
+
+def check_seeding(name: str, pm=None, **_: Any) -> str:
+    """manual_seed makes draws reproducible; different seeds give different draws."""
+    from torchbay.utils import set_seed
+
+    cls = _device_class(name, pm)
+    _require_available(cls)
+    backend = cls(0)
+    backend.set_current()
+    backend.manual_seed(7)
+    a = _draw(backend.device)
+    backend.manual_seed(7)
+    b = _draw(backend.device)
+    if not torch.equal(a, b):
+        _fail(f"seeding on {backend.device}: manual_seed(7) twice gave different draws ({_first(a)}... vs "
+              f"{_first(b)}...): {cls.__qualname__}.manual_seed does not seed the generator torch.rand uses")
+    backend.manual_seed(8)
+    c = _draw(backend.device)
+    if torch.equal(a, c):
+        _fail(f"seeding on {backend.device}: manual_seed(7) and manual_seed(8) gave the same draws: the seed is ignored")
+    set_seed(11)
+    d = _draw(backend.device)
+    set_seed(11)
+    e = _draw(backend.device)
+    if not torch.equal(d, e):
+        _fail(f"seeding on {backend.device}: torchbay.set_seed(11) twice gave different device draws "
+              f"({_first(d)}... vs {_first(e)}...): torch.manual_seed does not reach this device's generator")
+    return "manual_seed and set_seed reproduce device draws"
+
+
+MEMORY_KEYS = ("allocated", "peak_allocated", "reserved", "free", "total")
+
+
+def check_memory(name: str, pm=None, **_: Any) -> str:
+    """memory_stats / mem_get_info answer in bytes and see an allocation."""
+    cls = _device_class(name, pm)
+    _require_available(cls)
+    backend = cls(0)
+    backend.set_current()
+    before = backend.memory_stats()
+    if not isinstance(before, dict):
+        _fail(f"memory_stats() must return a dict, got {type(before).__name__}")
+    missing = [k for k in MEMORY_KEYS if k not in before]
+    if missing:
+        _fail(f"memory_stats() lacks the keys {missing} (it must give bytes for {list(MEMORY_KEYS)}); got {sorted(before)}")
+    bad = {k: before[k] for k in MEMORY_KEYS if not isinstance(before[k], int) or isinstance(before[k], bool) or before[k] < 0}
+    if bad:
+        _fail(f"memory_stats() values must be non-negative ints (bytes); these are not: {bad}")
+    if before["total"] <= 0 or before["free"] > before["total"]:
+        _fail(f"memory_stats(): need 0 <= free <= total and total > 0, got free={before['free']} total={before['total']}")
+    info = backend.mem_get_info()
+    if not (isinstance(info, tuple) and len(info) == 2 and all(isinstance(v, int) for v in info)):
+        _fail(f"mem_get_info() must return (free_bytes, total_bytes) as ints, got {info!r}")
+    if not 0 <= info[0] <= info[1] or info[1] <= 0:
+        _fail(f"mem_get_info() returned free={info[0]} total={info[1]}: need 0 <= free <= total, total > 0")
+    size = 64 * 2**20
+    block = torch.ones(size // 4, dtype=torch.float32, device=backend.device)
+    backend.synchronize()
+    during = backend.memory_stats()
+    grown = during["allocated"] - before["allocated"]
+    if grown < size // 2:
+        _fail(f"memory_stats()['allocated'] grew by {grown} bytes after allocating a {size}-byte tensor on "
+              f"{backend.device}; it must count the memory tensors of this process hold")
+    if during["peak_allocated"] < during["allocated"]:
+        _fail(f"memory_stats(): peak_allocated ({during['peak_allocated']}) < allocated ({during['allocated']})")
+    del block
+    backend.empty_cache()
+    backend.reset_peak_memory()
+    backend.synchronize()
+    return f"total {before['total']} bytes, allocation of {size} bytes seen (+{grown})"
+
+
+def check_autocast(name: str, pm=None, **_: Any) -> str:
+    """Each dtype the backend declares for autocast really computes in that dtype."""
+    cls = _device_class(name, pm)
+    _require_available(cls)
+    backend = cls(0)
+    backend.set_current()
+    layer = torch.nn.Linear(16, 16).to(backend.device)
+    x = torch.randn(4, 16, device=backend.device)
+    done, declined = [], []
+    for dtype in (torch.bfloat16, torch.float16):
+        if not cls.supports_autocast(dtype):
+            declined.append(str(dtype).replace("torch.", ""))
+            continue
+        try:
+            with backend.autocast(dtype):
+                y = layer(x)
+        except Exception as exc:
+            _fail(f"autocast({dtype}) on {backend.device} raised {type(exc).__name__}: {exc}; declare "
+                  f"supports_{str(dtype).replace('torch.', '').replace('float16', 'fp16').replace('bfloat16', 'bf16')}"
+                  f"_autocast = False or fix autocast()")
+        if y.dtype != dtype:
+            _fail(f"autocast({dtype}) on {backend.device}: nn.Linear produced {y.dtype}, not {dtype}; the backend "
+                  f"declares this dtype but its autocast() does not apply it")
+        with backend.autocast(dtype, enabled=False):
+            z = layer(x)
+        if z.dtype != torch.float32:
+            _fail(f"autocast({dtype}, enabled=False) on {backend.device} still produced {z.dtype}")
+        if dtype == torch.float16:
+            scaler = backend.grad_scaler()
+            if not all(hasattr(scaler, m) for m in ("scale", "step", "update", "unscale_", "state_dict")):
+                _fail(f"grad_scaler() returned {type(scaler).__name__}, which lacks the GradScaler methods")
+        done.append(str(dtype).replace("torch.", ""))
+    if not done:
+        raise ConformanceSkip(f"device '{name}' declares no autocast dtype (declined: {', '.join(declined)})")
+    return f"autocast {', '.join(done)} ok" + (f"; not declared: {', '.join(declined)}" if declined else "")
+
+
+# --- 2 processes ---------------------------------------------------------------------------
+
+_COLLECTIVE_SCRIPT = r'''
+import json, os, sys
+import torch
+import torch.distributed as dist
+from torchbay import Accelerator
+
+device, out_dir = sys.argv[1], sys.argv[2]
+acc = Accelerator(device=device, seed=0)
+rank, world = acc.process_index, acc.num_processes
+t = torch.tensor([float(rank + 1)], device=acc.device)
+summed = acc.reduce(t.clone(), "sum")
+gathered = acc.gather(t.clone())
+b = torch.tensor([float(rank + 10)], device=acc.device)
+acc.strategy.broadcast(b, src=0)
+obj = acc.strategy.broadcast_object({"from": rank}, src=0)
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model, opt = acc.prepare(model, opt)
+x = torch.full((2, 4), float(rank + 1), device=acc.device)
+loss = model(x).pow(2).mean()
+acc.backward(loss)
+opt.step()
+opt.zero_grad()
+params = [p.detach().float().cpu().flatten().tolist() for p in acc.unwrap_model(model).parameters()]
+result = {
+    "rank": rank, "world": world, "device": str(acc.device), "device_type": acc.device.type,
+    "tensor_device_type": summed.device.type,
+    "backend": str(dist.get_backend()) if dist.is_initialized() else None,
+    "sum": summed.cpu().tolist(), "gathered": gathered.cpu().tolist(), "broadcast": b.cpu().tolist(),
+    "object": obj, "params": params, "strategy": acc.strategy.name,
+}
+with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+    json.dump(result, f)
+acc.end_training()
+'''
+
+
+def _launch_command(script: str, nprocs: int, args: Sequence[str], port: int) -> tuple[list[str], str]:
+    if importlib.util.find_spec("torchbay.cli.launch") is not None:
+        return ([sys.executable, "-m", "torchbay.cli.main", "launch", "--num-processes", str(nprocs), script, *args],
+                "torchbay launch")
+    return ([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nprocs}",
+             f"--master-port={port}", "--master-addr=127.0.0.1", script, *args],
+            "torch.distributed.run (torchbay launch is not installed)")
+
+
+def check_collectives(name: str, pm=None, env: dict[str, str] | None = None, timeout: float = 240, **_: Any) -> str:
+    """Two real processes: reduce, gather, broadcast and one DDP step agree across ranks."""
+    cls = _device_class(name, pm)
+    _require_available(cls)
+    if not getattr(cls, "multi_process", True):
+        raise ConformanceSkip(f"device '{name}' declares multi_process = False (it runs one process)")
+    if cls.torch_type() != "cpu" and cls.device_count() < 2:
+        raise ConformanceSkip(f"the 2-process check needs 2 '{name}' devices on this machine, found {cls.device_count()}")
+    with tempfile.TemporaryDirectory(prefix="torchbay-conformance-") as tmp:
+        script = Path(tmp) / "collectives.py"
+        script.write_text(_COLLECTIVE_SCRIPT)
+        out = Path(tmp) / "out"
+        out.mkdir()
+        from torchbay.testing.processes import free_port
+
+        port = free_port()
+        cmd, how = _launch_command(str(script), 2, [name, str(out)], port)
+        full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHBAY_DEVICE": name,
+                    "TORCHBAY_LAUNCH__MAIN_PROCESS_PORT": str(port), "TORCHBAY_LAUNCH__MAIN_PROCESS_IP": "127.0.0.1",
+                    **(env or {})}
+        for key in ("TORCHBAY_RESOLVED_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            full_env.pop(key, None)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=tmp)
+        except subprocess.TimeoutExpired as exc:
+            _fail(f"2-process run through {how} did not finish in {timeout:.0f}s (a collective hangs?)\n"
+                  f"--- stderr\n{(exc.stderr or b'')[-3000:]!r}")
+        if proc.returncode != 0:
+            _fail(f"2-process run through {how} exited with {proc.returncode}\n--- command: {' '.join(cmd)}\n"
+                  f"--- stdout\n{proc.stdout[-2000:]}\n--- stderr\n{proc.stderr[-4000:]}")
+        results = {}
+        for rank in (0, 1):
+            path = out / f"rank{rank}.json"
+            if not path.exists():
+                _fail(f"2-process run through {how}: rank {rank} wrote no result\n--- stderr\n{proc.stderr[-3000:]}")
+            results[rank] = json.loads(path.read_text())
+    problems = []
+    for rank, r in results.items():
+        if r["world"] != 2:
+            problems.append(f"rank {rank} sees num_processes={r['world']}, expected 2")
+        if r["device_type"] != cls.torch_type():
+            problems.append(f"rank {rank} runs on {r['device']}, expected a '{cls.torch_type()}' device")
+        if r["tensor_device_type"] != cls.torch_type():
+            problems.append(f"rank {rank}: reduce returned a tensor on '{r['tensor_device_type']}'")
+        expected_backend = "gloo" if cls.torch_type() == "cpu" else cls.dist_backend()
+        if r["backend"] != expected_backend:
+            problems.append(f"rank {rank}: process group backend is {r['backend']!r}, dist_backend() says {expected_backend!r}")
+        if r["sum"] != [3.0]:
+            problems.append(f"rank {rank}: all_reduce(sum) of [1] and [2] gave {r['sum']}, expected [3.0]")
+        if r["gathered"] != [1.0, 2.0]:
+            problems.append(f"rank {rank}: all_gather gave {r['gathered']}, expected [1.0, 2.0]")
+        if r["broadcast"] != [10.0]:
+            problems.append(f"rank {rank}: broadcast from rank 0 gave {r['broadcast']}, expected [10.0]")
+        if r["object"] != {"from": 0}:
+            problems.append(f"rank {rank}: broadcast_object gave {r['object']}")
+    if results[0]["params"] != results[1]["params"]:
+        problems.append(f"after one {results[0]['strategy']} step the ranks hold different weights "
+                        f"({results[0]['params'][0][:3]}... vs {results[1]['params'][0][:3]}...): gradients were "
+                        f"not averaged across processes")
+    if problems:
+        _fail(f"2-process run through {how}: " + "; ".join(problems))
+    return f"2 processes via {how}: reduce, gather, broadcast, DDP step agree (backend {results[0]['backend']})"
+
+
+# --- train / save / load / resume ------------------------------------------------------------
+
+STEPS, SAVE_AFTER, BATCH, SAMPLES = 8, 5, 4, 16
+
+
+def _isolated_batches(source):
+    """Batches of ``source``, fetched so that the loader's own draw does not move the CPU stream.
+
+    torch's DataLoader draws a base seed from the global CPU generator whenever an iterator
+    is created; a run resumed mid-epoch creates it at another point of the stream than the
+    uninterrupted run. That is a data-loader matter, not the device's, so the kit keeps it
+    out of the comparison.
+    """
+    iterator = iter(source)
+    while True:
+        with torch.random.fork_rng(devices=[]):
+            batch = next(iterator, None)
+        if batch is None:
+            return
+        yield batch
+
+
+def _train_run(name: str, *, seed: int, steps: range, mixed_precision: str, save_to: Path | None = None,
+               load_from: Path | None = None) -> dict[str, Any]:
+    """One run of a small loop that uses the device RNG (noise, dropout) and a shuffled loader."""
+    from torchbay import Accelerator
+    from torchbay.utils import set_seed
+
+    acc = Accelerator(device=name, strategy="single", mixed_precision=mixed_precision, seed=seed)
+    try:
+        acc.device_backend.manual_seed(seed)
+        set_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
+        data_gen = torch.Generator().manual_seed(0)
+        xs, ys = torch.randn(SAMPLES, 8, generator=data_gen), torch.randn(SAMPLES, 1, generator=data_gen)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, ys), batch_size=BATCH, shuffle=True)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model, optimizer, loader = acc.prepare(model, optimizer, loader)
+        losses: dict[int, torch.Tensor] = {}
+        probe = None
+        step = 0
+        if load_from is not None:
+            with torch.no_grad():  # make a restore that leaves anything out visible
+                for p in acc.unwrap_model(model).parameters():
+                    p.add_(1.0)
+            _draw(acc.device, 100)
+            acc.load_state(str(load_from))
+            step = steps.start
+            probe = _draw(acc.device, 8)
+        batches_per_epoch = len(loader)
+        while step < steps.stop:
+            skip = step % batches_per_epoch
+            source = acc.skip_first_batches(loader, skip) if skip and load_from is not None and step == steps.start else loader
+            for x, y in _isolated_batches(source):
+                noise = torch.randn(x.shape, device=x.device) * 0.01
+                with acc.autocast():
+                    out = model(x + noise)
+                loss = torch.nn.functional.mse_loss(out.float(), y)
+                acc.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+                step += 1
+                losses[step] = loss.detach().float().cpu()
+                if step == SAVE_AFTER and load_from is None:
+                    if save_to is not None:
+                        acc.save_state(str(save_to))
+                    probe = _draw(acc.device, 8)
+                if step >= steps.stop:
+                    break
+        params = {k: v.detach().float().cpu().clone() for k, v in acc.unwrap_model(model).state_dict().items()}
+        return {"losses": losses, "params": params, "probe": probe}
+    finally:
+        acc.end_training()
+
+
+def _compare_runs(reference: dict, resumed: dict, mixed_precision: str) -> None:
+    for step in range(SAVE_AFTER + 1, STEPS + 1):
+        a, b = reference["losses"][step], resumed["losses"].get(step)
+        if b is None or not torch.equal(a, b):
+            _fail(f"resume ({mixed_precision}): step {step} after load_state gave loss {None if b is None else float(b)!r} "
+                  f"but the uninterrupted run gave {float(a)!r}; resuming from save_state must reproduce the run exactly")
+    for key, value in reference["params"].items():
+        other = resumed["params"][key]
+        if not torch.equal(value, other):
+            _fail(f"resume ({mixed_precision}): final weight '{key}' differs from the uninterrupted run "
+                  f"(max abs diff {float((value - other).abs().max()):.3g})")
+
+
+def check_train_resume(name: str, pm=None, **_: Any) -> str:
+    """Train, save_state, load_state into a fresh run, finish: equal to the uninterrupted run."""
+    cls = _device_class(name, pm)
+    _require_available(cls)
+    modes = ["no"] + (["bf16"] if cls.supports_autocast(torch.bfloat16) else [])
+    with _plugin_manager(pm), _single_process_env(), tempfile.TemporaryDirectory(prefix="torchbay-resume-") as tmp:
+        for mode in modes:
+            state_dir = Path(tmp) / f"state_{mode}"
+            reference = _train_run(name, seed=3, steps=range(0, STEPS), mixed_precision=mode)
+            interrupted = _train_run(name, seed=3, steps=range(0, SAVE_AFTER), mixed_precision=mode, save_to=state_dir)
+            if not torch.equal(reference["probe"], interrupted["probe"]):
+                _fail(f"resume ({mode}): save_state changed the device random stream (draws right after it differ "
+                      f"from an uninterrupted run): get_rng_state() must not consume random numbers")
+            for step in range(1, SAVE_AFTER + 1):
+                if not torch.equal(reference["losses"][step], interrupted["losses"][step]):
+                    _fail(f"resume ({mode}): two runs with the same seed differ at step {step} before any save "
+                          f"({float(reference['losses'][step])!r} vs {float(interrupted['losses'][step])!r}): "
+                          f"seeding is not deterministic on this device")
+            resumed = _train_run(name, seed=3, steps=range(SAVE_AFTER, STEPS), mixed_precision=mode, load_from=state_dir)
+            if not torch.equal(resumed["probe"], interrupted["probe"]):
+                _fail(f"resume ({mode}): after load_state the device random stream is not the one saved "
+                      f"(next draws {_first(resumed['probe'])}..., saved run drew {_first(interrupted['probe'])}...): "
+                      f"{cls.__qualname__}.set_rng_state did not restore what get_rng_state saved")
+            _compare_runs(reference, resumed, mode)
+    return f"train/save/load/resume equals the uninterrupted run ({', '.join(modes)}; {STEPS} steps, saved after {SAVE_AFTER})"
+
+
+#: check name -> function(name, pm=..., env=...) returning a short summary
+CHECKS: dict[str, Callable[..., str]] = {
+    "detection": check_detection,
+    "plugin_import": check_plugin_import,
+    "rng_round_trip": check_rng_round_trip,
+    "seeding": check_seeding,
+    "memory": check_memory,
+    "autocast": check_autocast,
+    "collectives": check_collectives,
+    "train_resume": check_train_resume,
+}
+
+
+def run_check(check: str, device: str, *, pm=None, env: dict[str, str] | None = None) -> CheckResult:
+    """Run one check; never raises for a failing device (the result says why)."""
+    if check not in CHECKS:
+        raise KeyError(f"unknown conformance check '{check}' (checks: {', '.join(CHECKS)})")
+    start = time.monotonic()
+    try:
+        summary = CHECKS[check](device, pm=pm, env=env)
+        status, message = "passed", summary or ""
+    except ConformanceSkip as exc:
+        status, message = "skipped", str(exc)
+    except ConformanceFailure as exc:
+        status, message = "failed", str(exc)
+    except Exception as exc:  # an unexpected error is a failure, with where it happened
+        tb = traceback.extract_tb(exc.__traceback__)[-1]
+        status, message = "failed", (f"{type(exc).__name__}: {exc} (at {Path(tb.filename).name}:{tb.lineno} "
+                                     f"in {tb.name})")
+    return CheckResult(check, status, message, time.monotonic() - start)
+
+
+def run_conformance(device: str, *, checks: Iterable[str] | None = None, pm=None,
+                    env: dict[str, str] | None = None) -> ConformanceReport:
+    """Run the conformance checks (all by default) against the registered device ``device``.
+
+    :param pm: the plugin manager that has the device (default: the process-wide one); an
+        in-process plugin registered with ``pm.register_plugin`` is seen by every in-process
+        check, but the 2-process check needs the plugin installed (entry point).
+    :param env: extra environment for the subprocesses (e.g. ``PYTHONPATH``).
+    """
+    report = ConformanceReport(device)
+    for check in (list(checks) if checks is not None else list(CHECKS)):
+        report.results.append(run_check(check, device, pm=pm, env=env))
+    return report
+
+
+# --- pytest face ---------------------------------------------------------------------------
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - the function API works without pytest
+    pytest = None
+
+if pytest is not None:
+
+    @pytest.fixture(scope="module")
+    def conformance_device(request) -> str:
+        """The device name under test: the test module's ``CONFORMANCE_DEVICE``."""
+        name = getattr(request.module, "CONFORMANCE_DEVICE", None)
+        if not name:
+            pytest.fail(f"set CONFORMANCE_DEVICE = '<device>' in {request.module.__name__} (or override the "
+                        f"conformance_device fixture) to run the torchbay device conformance tests")
+        return name
+
+    @pytest.fixture(scope="module")
+    def conformance_plugin_manager():
+        """The plugin manager the checks use; ``None`` means the process-wide one."""
+        return None
+
+    @pytest.fixture(scope="module")
+    def conformance_env() -> dict[str, str]:
+        """Extra environment for the subprocesses the checks start."""
+        return {}
+
+    def _as_test(check: str):
+        def test(conformance_device, conformance_plugin_manager, conformance_env):
+            result = run_check(check, conformance_device, pm=conformance_plugin_manager, env=conformance_env)
+            if result.status == "skipped":
+                pytest.skip(result.message)
+            if result.status == "failed":
+                raise ConformanceFailure(f"device '{conformance_device}' fails conformance check '{check}': "
+                                         f"{result.message}")
+        test.__name__ = f"test_conformance_{check}"
+        test.__doc__ = CHECKS[check].__doc__
+        test.__module__ = __name__
+        return test
+
+    test_conformance_detection = _as_test("detection")
+    test_conformance_plugin_import = _as_test("plugin_import")
+    test_conformance_rng_round_trip = _as_test("rng_round_trip")
+    test_conformance_seeding = _as_test("seeding")
+    test_conformance_memory = _as_test("memory")
+    test_conformance_autocast = _as_test("autocast")
+    test_conformance_collectives = _as_test("collectives")
+    test_conformance_train_resume = _as_test("train_resume")
+else:  # pragma: no cover
+    __all__ = [n for n in __all__ if not n.startswith(("test_", "conformance_"))]

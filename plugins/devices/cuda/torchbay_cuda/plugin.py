@@ -1,0 +1,163 @@
+"""The ``cuda`` device: NVIDIA GPUs, and AMD GPUs through ROCm builds of torch (HIP).
+
+torch's generic accelerator API already drives both; this plugin adds cheap detection
+(NVML / AMD SMI counts, no CUDA context in the launcher), the visible-devices variable of
+the build (``CUDA_VISIBLE_DEVICES`` or ``HIP_VISIBLE_DEVICES``), ``nccl`` (RCCL on ROCm),
+bf16 capability and the ``torchbay env`` lines.
+
+Config section ``cuda:``
+
+- ``visible_devices``: device ids (``"0,1"``) the workers see; unset: inherit the
+  launcher's environment.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import torch
+from pydantic import Field
+
+from torchbay.config import Section
+from torchbay.device import DeviceBackend
+from torchbay.plugins import hookimpl
+
+NAME = "cuda"
+
+
+class CUDASection(Section):
+    visible_devices: Optional[str] = Field(
+        None, pattern=r"^[\w-]+(,[\w-]+)*$",
+        description="device ids (or GPU UUIDs) the workers see, comma-separated; unset: inherit the environment")
+
+
+class CUDABackend(DeviceBackend):
+    """NVIDIA CUDA or AMD ROCm GPUs; one GPU per process (``local_rank`` modulo the count)."""
+
+    name = NAME
+    device_type = "cuda"
+    priority = 100
+    visible_devices_env = "CUDA_VISIBLE_DEVICES"
+    install_hint = ("install a CUDA or ROCm build of torch (https://pytorch.org/get-started/locally/) on a machine "
+                    "with an NVIDIA or AMD GPU and its driver")
+    dist_backend_name = "nccl"
+
+    @staticmethod
+    def is_rocm() -> bool:
+        return getattr(torch.version, "hip", None) is not None
+
+    @classmethod
+    def is_built(cls) -> bool:
+        return bool(getattr(torch.version, "cuda", None) or cls.is_rocm())
+
+    @classmethod
+    def visible_env(cls) -> str:
+        """The variable that selects GPUs for this build of torch."""
+        return "HIP_VISIBLE_DEVICES" if cls.is_rocm() else cls.visible_devices_env
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        if not cls.is_built():
+            return (f"no CUDA device: torch {torch.__version__} is built without CUDA or ROCm; {cls.install_hint}")
+        if cls.device_count() == 0:
+            mask = os.environ.get(cls.visible_env())
+            where = f" ({cls.visible_env()}={mask!r})" if mask is not None else ""
+            return f"no CUDA device: no {'ROCm' if cls.is_rocm() else 'NVIDIA'} GPU is visible{where}"
+        return None
+
+    @classmethod
+    def device_count(cls) -> int:
+        """GPUs visible to this process, counted without creating a CUDA context when possible."""
+        if not cls.is_built():
+            return 0
+        if torch.cuda.is_initialized():
+            return torch.cuda.device_count()
+        probe = getattr(torch.cuda, "_device_count_amdsmi" if cls.is_rocm() else "_device_count_nvml", None)
+        if probe is not None:
+            try:
+                count = probe()
+                if count >= 0:
+                    return count
+            except Exception:
+                pass
+        return torch.cuda.device_count()
+
+    @classmethod
+    def dist_backend(cls) -> str:
+        return cls.dist_backend_name
+
+    @classmethod
+    def supports_autocast(cls, dtype: torch.dtype) -> bool:
+        if dtype == torch.bfloat16 and torch.cuda.is_initialized():  # asking earlier would create a context
+            return torch.cuda.is_bf16_supported(including_emulation=False)
+        return super().supports_autocast(dtype)
+
+    def report(self) -> dict[str, Any]:
+        props = torch.cuda.get_device_properties(self.index)
+        return {"device": str(self.device), "count": self.device_count(), "name": props.name,
+                "memory_bytes": props.total_memory}
+
+
+def describe_devices() -> str:
+    """One line for ``torchbay env``: the GPUs found, or why none can be used."""
+    reason = CUDABackend.unavailable_reason()
+    if reason:
+        return f"not available: {reason}"
+    count = CUDABackend.device_count()
+    runtime = f"ROCm {torch.version.hip}" if CUDABackend.is_rocm() else f"CUDA {torch.version.cuda}"
+    try:
+        names = []
+        for i in range(count):
+            props = torch.cuda.get_device_properties(i)
+            names.append(f"{props.name} ({props.total_memory / 2**30:.1f} GiB)")
+        detail = ", ".join(names)
+    except Exception as exc:  # a driver problem must not break `torchbay env`
+        detail = f"properties unavailable: {type(exc).__name__}: {exc}"
+    return f"{count} device(s), {runtime}: {detail}"
+
+
+def _selected(config) -> bool:
+    device = getattr(config, "device", "auto")
+    return device == NAME or (device == "auto" and CUDABackend.is_available())
+
+
+@hookimpl
+def torchbay_register_devices():
+    return [CUDABackend]
+
+
+@hookimpl
+def torchbay_config_sections():
+    return {NAME: CUDASection}
+
+
+@hookimpl
+def torchbay_launch_env(config, local_world_size: int):
+    if not _selected(config):
+        return None
+    env = dict(CUDABackend.launch_env(local_world_size))
+    section = getattr(config, NAME, None)
+    if section is not None and section.visible_devices:
+        env[CUDABackend.visible_env()] = section.visible_devices
+    return env
+
+
+@hookimpl
+def torchbay_validate(context):
+    if context.device_backend_cls is not CUDABackend:
+        return None
+    section = getattr(context.config, NAME, None)
+    visible = section.visible_devices.split(",") if section is not None and section.visible_devices else None
+    count = len(visible) if visible else CUDABackend.device_count()
+    per_machine = context.cluster.local_world_size()
+    if count and per_machine > count:
+        return [f"device cuda: {per_machine} processes per machine but only {count} GPU(s) visible; nccl needs one "
+                f"GPU per process: launch at most {count} processes per machine or make more GPUs visible "
+                f"(cuda.visible_devices / {CUDABackend.visible_env()})"]
+    return None
+
+
+@hookimpl
+def torchbay_report_env():
+    return {NAME: describe_devices()}

@@ -1,0 +1,188 @@
+"""The ``hpu`` device: Intel Gaudi accelerators through ``habana_frameworks.torch``.
+
+HPU differs from torch's generic accelerator path in a few places, and only those are
+overridden here:
+
+- lazy mode (``PT_HPU_LAZY_MODE=1``): ops are collected into graphs that run at
+  ``mark_step``; torchbay marks a step before the optimizer step (ends the backward graph)
+  and after it (ends the update graph). In eager / ``torch.compile`` mode nothing is marked.
+- RNG through ``habana_frameworks.torch.hpu.random`` (one card per process), so that
+  ``save_state`` / ``load_state`` save *and* restore it;
+- memory from the runtime's ``memory_stats`` (``InUse``, ``MaxInUse``, ``Limit``);
+- ``hccl`` collectives (``habana_frameworks.torch.distributed.hccl`` registers them),
+  ``HABANA_VISIBLE_MODULES`` for the workers, and the ``hpu_backend`` compile backend.
+
+Config section ``hpu:``
+
+- ``visible_devices``: module ids for ``HABANA_VISIBLE_MODULES``; unset: inherit.
+- ``lazy_mode``: ``true`` / ``false`` sets ``PT_HPU_LAZY_MODE`` for the workers; unset: inherit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Optional
+
+import torch
+from pydantic import Field
+
+from torchbay.config import Section
+from torchbay.device import DeviceBackend
+from torchbay.plugins import hookimpl
+
+NAME = "hpu"
+
+
+class HPUSection(Section):
+    visible_devices: Optional[str] = Field(None, pattern=r"^\d+(,\d+)*$",
+                                           description="module ids for HABANA_VISIBLE_MODULES; unset: inherit")
+    lazy_mode: Optional[bool] = Field(None, description="PT_HPU_LAZY_MODE for the workers; unset: inherit")
+
+
+def _hpu():
+    """``habana_frameworks.torch.hpu`` (imported on first use)."""
+    return importlib.import_module("habana_frameworks.torch.hpu")
+
+
+class HPUBackend(DeviceBackend):
+    """Intel Gaudi; one card per process."""
+
+    name = NAME
+    device_type = "hpu"
+    priority = 94
+    visible_devices_env = "HABANA_VISIBLE_MODULES"
+    runtime_module = "habana_frameworks.torch"
+    install_hint = ("install the Intel Gaudi software stack (habana_frameworks.torch, from Intel's Gaudi installer; "
+                    "it is not on PyPI) on a machine with Gaudi cards")
+    compile_backend = "hpu_backend"
+
+    def __init__(self, local_rank: int = 0):
+        super().__init__(local_rank)
+        self.lazy = self.lazy_mode()
+        self._core = importlib.import_module("habana_frameworks.torch.core") if self.lazy else None
+
+    @classmethod
+    def load_runtime(cls) -> Any:
+        module = importlib.import_module("habana_frameworks.torch.core")  # registers the hpu device with torch
+        return module
+
+    @staticmethod
+    def lazy_mode() -> bool:
+        """Whether graphs are built lazily (then steps must be marked)."""
+        value = os.environ.get("PT_HPU_LAZY_MODE")
+        if value is not None:
+            return value.strip() not in ("0", "false", "False")
+        try:  # the runtime knows its own default
+            return bool(importlib.import_module("habana_frameworks.torch.utils.internal").is_lazy())
+        except Exception:
+            return False
+
+    @classmethod
+    def device_count(cls) -> int:
+        if not cls.runtime_installed():
+            return 0
+        cls.load_runtime()
+        return int(_hpu().device_count())
+
+    @classmethod
+    def dist_backend(cls) -> str:
+        return "hccl"
+
+    def set_current(self) -> None:
+        importlib.import_module("habana_frameworks.torch.distributed.hccl")  # registers the hccl backend
+
+    # -- RNG: the runtime's own generator --------------------------------------------------
+    def manual_seed(self, seed: int) -> None:
+        _hpu().random.manual_seed(seed)
+
+    def get_rng_state(self) -> list[torch.Tensor]:
+        return [_hpu().random.get_rng_state().cpu()]
+
+    def set_rng_state(self, states: list[torch.Tensor]) -> None:
+        _hpu().random.set_rng_state(states[0])
+
+    # -- lazy-mode deltas --------------------------------------------------------------------
+    def mark_step(self) -> None:
+        if self._core is not None:
+            self._core.mark_step()
+
+    def optimizer_step(self, optimizer, **kwargs):
+        self.mark_step()  # ends the backward graph before the update reads the gradients
+        return optimizer.step(**kwargs)
+
+    def after_step(self) -> None:
+        self.mark_step()
+
+    # -- memory ----------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        _hpu().synchronize()
+
+    def memory_stats(self) -> dict[str, int]:
+        stats = _hpu().memory_stats(self.index)
+        in_use, limit = int(stats.get("InUse", 0)), int(stats.get("Limit", 0))
+        return {"allocated": in_use, "peak_allocated": int(stats.get("MaxInUse", in_use)), "reserved": in_use,
+                "free": max(limit - in_use, 0), "total": limit}
+
+    def mem_get_info(self) -> tuple[int, int]:
+        stats = self.memory_stats()
+        return stats["free"], stats["total"]
+
+    def reset_peak_memory(self) -> None:
+        _hpu().reset_peak_memory_stats(self.index)
+
+    def empty_cache(self) -> None:
+        pass  # the Gaudi allocator keeps its pool; there is nothing to release
+
+    def report(self) -> dict[str, Any]:
+        return {"device": str(self.device), "count": self.device_count(), "name": _hpu().get_device_name(self.index),
+                "lazy_mode": self.lazy}
+
+
+def _selected(config) -> bool:
+    device = getattr(config, "device", "auto")
+    return device == NAME or (device == "auto" and HPUBackend.runtime_installed() and HPUBackend.is_available())
+
+
+@hookimpl
+def torchbay_register_devices():
+    return [HPUBackend]
+
+
+@hookimpl
+def torchbay_config_sections():
+    return {NAME: HPUSection}
+
+
+@hookimpl
+def torchbay_launch_env(config, local_world_size: int):
+    if not _selected(config):
+        return None
+    env = dict(HPUBackend.launch_env(local_world_size))
+    section = getattr(config, NAME, None)
+    if section is not None:
+        if section.visible_devices:
+            env[HPUBackend.visible_devices_env] = section.visible_devices
+        if section.lazy_mode is not None:
+            env["PT_HPU_LAZY_MODE"] = "1" if section.lazy_mode else "0"
+    return env
+
+
+@hookimpl
+def torchbay_validate(context):
+    if context.device_backend_cls is not HPUBackend:
+        return None
+    count, per_machine = HPUBackend.device_count(), context.cluster.local_world_size()
+    if count and per_machine > count:
+        return [f"device hpu: {per_machine} processes per machine but only {count} Gaudi card(s) visible; launch at "
+                f"most {count} processes per machine"]
+    return None
+
+
+@hookimpl
+def torchbay_report_env():
+    reason = HPUBackend.unavailable_reason()
+    if reason:
+        return {NAME: f"not available: {reason}"}
+    return {NAME: f"{HPUBackend.device_count()} card(s), collectives hccl, "
+                  f"{'lazy' if HPUBackend.lazy_mode() else 'eager'} mode"}

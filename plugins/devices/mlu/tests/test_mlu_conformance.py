@@ -1,0 +1,5 @@
+"""The torchbay device conformance kit against the 'mlu' device (skips where there is none)."""
+
+from torchbay.testing.conformance import *  # noqa: F401,F403
+
+CONFORMANCE_DEVICE = "mlu"
