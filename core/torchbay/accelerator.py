@@ -40,7 +40,7 @@ class Accelerator:
 
     Arguments left as ``None`` come from the config sources (defaults < YAML file <
     ``TORCHBAY_*`` env < CLI flags); given arguments win. ``config`` takes extra settings
-    as a nested or dotted mapping (``{"fsdp": {"reshard_after_forward": False}}``).
+    as a nested or dotted mapping (``{"mysection": {"some_key": False}}``).
     """
 
     def __init__(self, *, device: str | None = None, strategy: str | None = None, mixed_precision: str | None = None,

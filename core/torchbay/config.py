@@ -254,7 +254,7 @@ def resolve_config(*, file: str | os.PathLike | None = None, environ: Mapping[st
                    pm=None, use_launcher_config: bool = True) -> ResolvedConfig:
     """Build and validate the tree from every source; raise :class:`ConfigError` listing all problems.
 
-    ``cli`` and ``args`` may use dotted keys (``{"fsdp.version": 2}``) or nested dicts.
+    ``cli`` and ``args`` may use dotted keys (``{"mysection.some_key": 2}``) or nested dicts.
     In a worker started by ``torchbay launch``, the launcher's resolved tree is the base
     and only ``args`` are layered on top.
     """

@@ -156,14 +156,14 @@ class DeviceBackend:
         return torch.amp.GradScaler(self.torch_type(), **kwargs)
 
     def optimizer_step(self, optimizer, **kwargs):
-        """Run one optimizer step; XLA-like devices override to add their own syncing."""
+        """Run one optimizer step; lazy-tensor devices override to add their own syncing."""
         return optimizer.step(**kwargs)
 
     def after_step(self) -> None:
-        """Called after each optimizer step (XLA marks the step here)."""
+        """Called after each optimizer step (lazy-tensor devices mark the step here)."""
 
     def wrap_dataloader(self, dataloader):
-        """Device-aware data loading (XLA's parallel loader); the default is the loader."""
+        """Device-aware data loading (a lazy-tensor device's parallel loader); the default is the loader."""
         return dataloader
 
     def report(self) -> dict[str, Any]:

@@ -98,8 +98,8 @@ def torchbay_config_sections() -> dict[str, type[BaseModel]]:
     """Contribute configuration sections: ``{"section_name": PydanticModel}``.
 
     Each model should use ``extra="forbid"``; the section appears at the top level of the
-    config tree (``fsdp:`` in YAML, ``TORCHBAY_FSDP__KEY`` in the environment,
-    ``Accelerator(config={"fsdp": {...}})``). Two plugins claiming one name is an error.
+    config tree (``mysection:`` in YAML, ``TORCHBAY_MYSECTION__KEY`` in the environment,
+    ``Accelerator(config={"mysection": {...}})``). Two plugins claiming one name is an error.
 
     :return: a mapping of section name to a pydantic model class with defaults.
     """
@@ -120,7 +120,7 @@ def torchbay_addhooks(pluginmanager: PluginManager) -> None:
 def torchbay_add_cli_options(parser: argparse.ArgumentParser, command: str) -> None:
     """Add command-line options to the ``torchbay <command>`` parser.
 
-    Options whose ``dest`` is ``"<section>.<key>"`` (e.g. ``dest="fsdp.reshard_after_forward"``)
+    Options whose ``dest`` is ``"<section>.<key>"`` (e.g. ``dest="mysection.some_key"``)
     feed the config tree as the "cli" source. Historic.
 
     :param parser: the argparse parser of that command.

@@ -3,7 +3,7 @@
 A :class:`Strategy` owns the process group. The base class implements everything with
 plain ``torch.distributed`` collectives and full-state checkpoints, so a new strategy
 overrides only what it changes (wrapping, backward, state dicts). Built-in: ``single``
-and ``ddp``; ``fsdp`` and ``deepspeed`` are separate distributions.
+and ``ddp``; sharded strategies are separate distributions.
 """
 
 from __future__ import annotations
