@@ -21,7 +21,9 @@ from torchbay import Accelerator
 K, S, LR, CLIP = 6, 3, 1e-2, 0.05
 
 
-def train(acc, model, opt, steps, start=0, accum=1, clip=None, save_at=None, save_dir=None):
+def train(acc, model, opt, steps, start=0, accum=1, clip=None, save_at=None, save_dir=None, unsynced=None):
+    """Run ``steps``; ``unsynced`` collects, per accumulation micro-batch, whether no sharded
+    gradient exists yet (fsdp must not reduce-scatter before the window's last micro-batch)."""
     losses, norms = [], []
     for step in range(start, steps):
         step_loss = []
@@ -31,6 +33,8 @@ def train(acc, model, opt, steps, start=0, accum=1, clip=None, save_at=None, sav
                 out = model(x)
                 loss = torch.nn.functional.mse_loss(out, y)
                 acc.backward(loss)
+                if unsynced is not None and not acc.sync_gradients:
+                    unsynced.append(all(p.grad is None for p in model.parameters()))
                 if acc.sync_gradients and clip is not None:
                     norms.append(float(acc.clip_grad_norm_(model.parameters(), clip)))
                 opt.step()
@@ -39,6 +43,9 @@ def train(acc, model, opt, steps, start=0, accum=1, clip=None, save_at=None, sav
         losses.append(sum(step_loss) / accum)
         if save_at is not None and step + 1 == save_at:
             acc.save_state(save_dir)
+            snapshot = full_state(acc, model)  # collective
+            if acc.is_main_process:
+                torch.save(snapshot, save_dir + "_weights.pt")
     return losses, norms
 
 
@@ -92,9 +99,11 @@ def main():
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     model, opt = acc.prepare(model, opt)
-    fsdp_losses, fsdp_norms = train(acc, model, opt, 4, accum=2, clip=CLIP)
-    result["fsdp_accum"] = {"ddp_losses": ddp_losses, "fsdp_losses": fsdp_losses, "ddp_norms": ddp_norms,
-                            "fsdp_norms": fsdp_norms, "weights_max_diff": max_diff(ddp_state, full_state(acc, model))}
+    unsynced: list = []
+    fsdp_losses, fsdp_norms = train(acc, model, opt, 4, accum=2, clip=CLIP, unsynced=unsynced)
+    result["fsdp_accum"] = {"no_sharded_grad_before_sync": unsynced, "ddp_losses": ddp_losses,
+                            "fsdp_losses": fsdp_losses, "ddp_norms": ddp_norms, "fsdp_norms": fsdp_norms,
+                            "weights_max_diff": max_diff(ddp_state, full_state(acc, model))}
 
     # --- cpu_ram_efficient_loading: rank 1 never holds real weights before sharding -----
     acc = Accelerator(strategy="fsdp", config={"fsdp": {"transformer_layer_cls_to_wrap": ["Block"],
