@@ -1,0 +1,313 @@
+"""The ``deepspeed`` config section, and turning it (plus a user's JSON) into DeepSpeed configs.
+
+Nothing here imports deepspeed: validation runs before any process group starts.
+
+Two places can set a DeepSpeed value: this section (and the core keys
+``gradient_accumulation_steps`` / ``mixed_precision``) and the user's DeepSpeed JSON
+(``deepspeed.deepspeed_config_file``). A value set in both with different values is an
+error that shows both; a JSON value written ``"auto"`` is filled from the training set-up
+(see :func:`fill_auto`) and every filled value is reported.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import Field
+
+from torchbay.config import Section
+from torchbay.errors import ConfigError
+
+AUTO = "auto"
+
+#: section key -> path in the DeepSpeed JSON
+SECTION_PATHS: dict[str, tuple[str, ...]] = {
+    "zero_stage": ("zero_optimization", "stage"),
+    "offload_optimizer_device": ("zero_optimization", "offload_optimizer", "device"),
+    "offload_optimizer_nvme_path": ("zero_optimization", "offload_optimizer", "nvme_path"),
+    "offload_param_device": ("zero_optimization", "offload_param", "device"),
+    "offload_param_nvme_path": ("zero_optimization", "offload_param", "nvme_path"),
+    "gradient_clipping": ("gradient_clipping",),
+    "zero3_save_16bit_model": ("zero_optimization", "stage3_gather_16bit_weights_on_model_save"),
+    "train_micro_batch_size_per_gpu": ("train_micro_batch_size_per_gpu",),
+}
+
+#: keys whose "auto" is filled from the ZeRO-3 hidden size
+HIDDEN_SIZE_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+
+
+class DeepSpeedSection(Section):
+    """``deepspeed:`` in the torchbay config (``TORCHBAY_DEEPSPEED__ZERO_STAGE=3``, ``--zero-stage 3``)."""
+
+    deepspeed_config_file: Optional[str] = Field(
+        None, description="a DeepSpeed JSON config; its 'auto' values are filled from the set-up")
+    zero_stage: Optional[Literal[0, 1, 2, 3]] = Field(None, description="ZeRO stage (2 when set nowhere)")
+    offload_optimizer_device: Optional[Literal["none", "cpu", "nvme"]] = None
+    offload_optimizer_nvme_path: Optional[str] = None
+    offload_param_device: Optional[Literal["none", "cpu", "nvme"]] = None
+    offload_param_nvme_path: Optional[str] = None
+    gradient_clipping: Optional[float] = Field(None, ge=0, description="max gradient norm DeepSpeed clips to")
+    zero3_init: bool = Field(False, description="build models under deepspeed.zero.Init (strategy.zero_init())")
+    zero3_save_16bit_model: Optional[bool] = Field(
+        None, description="gather full 16-bit weights on save (default true)")
+    train_micro_batch_size_per_gpu: Optional[int] = Field(
+        None, ge=1, description="default: the prepared data loader's per-process batch size")
+    config: dict[str, Any] = Field(default_factory=dict,
+                                   description="further DeepSpeed keys, as in its JSON (merged, conflicts checked)")
+    model_overrides: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per model: {'<prepare index or class name>': {DeepSpeed keys}}")
+    load_universal: bool = Field(False, description="load a DeepSpeed universal checkpoint (changed world size)")
+    cpu_shm_comm: bool = Field(False, description="on cpu, build DeepSpeed's shared-memory all-reduce op (slow "
+                                                  "first compile; inference only)")
+    log_level: Literal["debug", "info", "warning", "error"] = "warning"
+
+
+# --- helpers on nested dicts -------------------------------------------------------------
+
+
+def get_path(tree: dict, path: tuple[str, ...], default: Any = None) -> Any:
+    node: Any = tree
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def set_path(tree: dict, path: tuple[str, ...], value: Any) -> None:
+    for part in path[:-1]:
+        node = tree.get(part)
+        if not isinstance(node, dict):
+            node = tree[part] = {}
+        tree = node
+    tree[path[-1]] = value
+
+
+def has_path(tree: dict, path: tuple[str, ...]) -> bool:
+    sentinel = object()
+    return get_path(tree, path, sentinel) is not sentinel
+
+
+def leaves(tree: dict, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out += leaves(value, prefix + (key,))
+        else:
+            out.append((prefix + (key,), value))
+    return out
+
+
+def dotted(path: tuple[str, ...]) -> str:
+    return ".".join(path)
+
+
+def load_json_file(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"deepspeed.deepspeed_config_file '{path}' does not exist")
+    try:
+        data = json.loads(file.read_text())
+    except ValueError as exc:
+        raise ConfigError(f"deepspeed.deepspeed_config_file '{path}' is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"deepspeed.deepspeed_config_file '{path}' must hold a JSON object")
+    return data
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    return a == b
+
+
+# --- building the base config (before any process group) ---------------------------------
+
+
+def base_config(resolved, world_size: int) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """The DeepSpeed config from every source, with "auto" values still unfilled.
+
+    :return: ``(config, origins, problems)``: ``origins`` maps a dotted DeepSpeed key to where
+        its value came from; ``problems`` lists every conflict (each showing both values).
+    """
+    config = resolved.config
+    section: DeepSpeedSection = config.deepspeed
+    problems: list[str] = []
+    origins: dict[str, str] = {}
+    file_cfg: dict[str, Any] = {}
+    file_name = section.deepspeed_config_file
+    if file_name:
+        try:
+            file_cfg = load_json_file(file_name)
+        except ConfigError as exc:
+            return {}, {}, exc.problems
+    where_file = f"the DeepSpeed JSON {file_name}"
+    out = copy.deepcopy(file_cfg)
+    for path, _ in leaves(file_cfg):
+        origins[dotted(path)] = where_file
+
+    def source(key: str) -> str:
+        src = resolved.source_of(key)
+        labels = {"env": "TORCHBAY_* environment", "file": "the torchbay config file", "cli": "a command-line flag",
+                  "args": "Accelerator(...) arguments", "default": "the default", "launcher": "torchbay launch"}
+        return f"torchbay '{key}' (from {labels.get(src, src)})"
+
+    def put(path: tuple[str, ...], value: Any, where: str) -> None:
+        if has_path(file_cfg, path):
+            theirs = get_path(file_cfg, path)
+            if theirs != AUTO and not _same(theirs, value):
+                problems.append(f"DeepSpeed '{dotted(path)}' is {theirs!r} in {where_file} but {value!r} in {where}; "
+                                f"remove one of them or write \"auto\" in the JSON")
+                return
+        set_path(out, path, value)
+        origins[dotted(path)] = where
+
+    # the section's own keys
+    for key, path in SECTION_PATHS.items():
+        value = getattr(section, key)
+        if value is not None:
+            put(path, value, source(f"deepspeed.{key}"))
+    for path, value in leaves(section.config):
+        put(path, value, source("deepspeed.config." + dotted(path)))
+
+    # core keys DeepSpeed must agree with
+    ga = config.gradient_accumulation_steps
+    put(("gradient_accumulation_steps",), ga, source("gradient_accumulation_steps"))
+    mp = config.mixed_precision
+    if mp == "fp8":
+        problems.append("mixed_precision fp8 does not run under strategy deepspeed; use bf16 or fp16 "
+                        "(or strategy: fsdp/ddp with an fp8 engine)")
+    for name in ("bf16", "fp16"):
+        want = mp == name
+        path = (name, "enabled")
+        theirs = get_path(file_cfg, path)
+        if theirs is None and name in file_cfg and isinstance(file_cfg[name], dict):
+            theirs = True  # a section without "enabled" means enabled in DeepSpeed
+        if theirs not in (None, AUTO) and bool(theirs) != want:
+            problems.append(f"DeepSpeed '{name}.enabled' is {theirs!r} in {where_file} but "
+                            f"{source('mixed_precision')} is '{mp}'; set mixed_precision: "
+                            f"{name if theirs else 'no'} or write \"enabled\": \"auto\" in the JSON")
+            continue
+        if want or has_path(out, (name,)):
+            set_path(out, path, want)
+            origins.setdefault(dotted(path), source("mixed_precision"))
+    if get_path(out, ("bf16", "enabled")) and get_path(out, ("fp16", "enabled")):
+        problems.append(f"{where_file} enables both bf16 and fp16; enable one")
+    stage = get_path(out, ("zero_optimization", "stage"))
+    if stage is None:
+        set_path(out, ("zero_optimization", "stage"), 2)
+        origins["zero_optimization.stage"] = "torchbay-deepspeed's default"
+    elif stage == AUTO:
+        problems.append(f"DeepSpeed 'zero_optimization.stage' is \"auto\" in {where_file}; write a stage (0-3) there "
+                        f"or set deepspeed.zero_stage")
+    tbs = get_path(out, ("train_batch_size",))
+    mbs = get_path(out, ("train_micro_batch_size_per_gpu",))
+    if isinstance(tbs, int) and isinstance(mbs, int) and tbs != mbs * ga * world_size:
+        problems.append(f"DeepSpeed 'train_batch_size' is {tbs} in {where_file} but micro batch {mbs} x "
+                        f"gradient accumulation {ga} x {world_size} processes is {mbs * ga * world_size}; "
+                        f"write \"auto\"")
+    out.setdefault("steps_per_print", 2**31 - 1)  # torchbay users log themselves
+    out.setdefault("zero_allow_untested_optimizer", True)
+    return out, origins, problems
+
+
+def model_config(base: dict, section: DeepSpeedSection, index: int, model: Any) -> dict:
+    """``base`` with this model's overrides (by prepare index or class name) merged in."""
+    cfg = copy.deepcopy(base)
+    for key in (str(index), type(model).__name__):
+        for path, value in leaves(section.model_overrides.get(key, {})):
+            set_path(cfg, path, value)
+    return cfg
+
+
+# --- filling "auto" -------------------------------------------------------------------------
+
+
+def hidden_size_of(model: Any) -> Optional[int]:
+    """``model.config.hidden_size`` (Hugging Face style), else the widest Linear/Embedding."""
+    cfg = getattr(model, "config", None)
+    for attr in ("hidden_size", "d_model", "n_embd"):
+        value = getattr(cfg, attr, None)
+        if isinstance(value, int):
+            return value
+    sizes = getattr(cfg, "hidden_sizes", None)
+    if isinstance(sizes, (list, tuple)) and sizes:
+        return max(sizes)
+    import torch
+
+    widths = [m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    widths += [m.embedding_dim for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    return max(widths) if widths else None
+
+
+def fill_auto(cfg: dict, *, micro_batch: Optional[tuple[int, str]], world_size: int, model: Any,
+              optimizer_hint: Optional[dict] = None, scheduler_hint: Optional[dict] = None,
+              has_optimizer: bool) -> tuple[dict, list[str], list[str]]:
+    """Replace every "auto" in ``cfg``; return ``(config, report_lines, problems)``."""
+    cfg = copy.deepcopy(cfg)
+    report: list[str] = []
+    problems: list[str] = []
+
+    def fill(path: tuple[str, ...], value: Any, why: str) -> None:
+        if get_path(cfg, path) == AUTO:
+            if value is None:
+                parent = get_path(cfg, path[:-1]) if len(path) > 1 else cfg
+                parent.pop(path[-1], None)
+                report.append(f"{dotted(path)}: auto -> (DeepSpeed's default) ({why})")
+            else:
+                set_path(cfg, path, value)
+                report.append(f"{dotted(path)}: auto -> {value!r} ({why})")
+
+    ga = cfg["gradient_accumulation_steps"]
+    mbs = get_path(cfg, ("train_micro_batch_size_per_gpu",))
+    if mbs in (None, AUTO):
+        size, why = micro_batch or (1, "no data loader was prepared before the model; set "
+                                       "deepspeed.train_micro_batch_size_per_gpu to silence this")
+        if mbs is None:
+            cfg["train_micro_batch_size_per_gpu"] = size
+            report.append(f"train_micro_batch_size_per_gpu: {size} ({why})")
+        else:
+            fill(("train_micro_batch_size_per_gpu",), size, why)
+        mbs = size
+    tbs = mbs * ga * world_size
+    if cfg.get("train_batch_size") in (None, AUTO):
+        if cfg.get("train_batch_size") is None:
+            cfg["train_batch_size"] = tbs
+        else:
+            fill(("train_batch_size",), tbs, f"micro batch {mbs} x accumulation {ga} x {world_size} processes")
+    fill(("gradient_clipping",), None, "deepspeed.gradient_clipping is not set: no clipping")
+    zero = cfg.get("zero_optimization", {})
+    if isinstance(zero, dict) and any(zero.get(k) == AUTO for k in HIDDEN_SIZE_KEYS):
+        hidden = hidden_size_of(model)
+        why = f"hidden size {hidden}" if hidden else "no hidden size found on the model"
+        for key, value in (("reduce_bucket_size", hidden and hidden * hidden),
+                           ("stage3_prefetch_bucket_size", hidden and int(0.9 * hidden * hidden)),
+                           ("stage3_param_persistence_threshold", hidden and 10 * hidden)):
+            fill(("zero_optimization", key), value, why)
+    for path, value in leaves(cfg.get("optimizer", {}).get("params", {}) if isinstance(cfg.get("optimizer"), dict)
+                              else {}, ("optimizer", "params")):
+        if value == AUTO:
+            fill(path, (optimizer_hint or {}).get(path[-1]), "from DummyOptim" if optimizer_hint else
+                 "no DummyOptim was prepared")
+    sched_params = get_path(cfg, ("scheduler", "params"))
+    if isinstance(sched_params, dict):
+        hint = dict(scheduler_hint or {})
+        for path, value in leaves(sched_params, ("scheduler", "params")):
+            if value == AUTO:
+                key = path[-1]
+                fill(path, hint.get(key), "from DummyScheduler" if key in hint else
+                     "not given to DummyScheduler")
+    if not has_optimizer:
+        for key in ("optimizer", "scheduler"):
+            cfg.pop(key, None)
+        if isinstance(zero, dict):
+            zero.pop("offload_optimizer", None)
+    left = [dotted(p) for p, v in leaves(cfg) if v == AUTO]
+    if left:
+        problems.append(f"DeepSpeed keys left \"auto\" that torchbay cannot fill: {', '.join(left)}; write values there")
+    return cfg, report, problems

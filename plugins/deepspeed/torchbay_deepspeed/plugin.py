@@ -1,0 +1,106 @@
+"""The hooks of torchbay-deepspeed (entry point ``deepspeed`` in group ``torchbay``).
+
+Nothing here imports deepspeed: the strategy module imports it when the strategy is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from torchbay.plugins import hookimpl
+
+from torchbay_deepspeed.config import DeepSpeedSection
+
+
+@hookimpl
+def torchbay_register_strategies():
+    from torchbay_deepspeed.strategy import DeepSpeedStrategy
+
+    return [DeepSpeedStrategy]
+
+
+@hookimpl
+def torchbay_config_sections():
+    return {"deepspeed": DeepSpeedSection}
+
+
+#: flag -> (section key, argparse kwargs)
+CLI_OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "--deepspeed-config-file": ("deepspeed_config_file", {"help": "DeepSpeed JSON config ('auto' values are filled)"}),
+    "--zero-stage": ("zero_stage", {"type": int, "choices": [0, 1, 2, 3], "help": "DeepSpeed ZeRO stage"}),
+    "--offload-optimizer-device": ("offload_optimizer_device", {"choices": ["none", "cpu", "nvme"]}),
+    "--offload-optimizer-nvme-path": ("offload_optimizer_nvme_path", {}),
+    "--offload-param-device": ("offload_param_device", {"choices": ["none", "cpu", "nvme"]}),
+    "--offload-param-nvme-path": ("offload_param_nvme_path", {}),
+    "--deepspeed-gradient-clipping": ("gradient_clipping", {"type": float, "help": "max gradient norm"}),
+    "--zero3-init": ("zero3_init", {"action": "store_true", "help": "build models under deepspeed.zero.Init"}),
+    "--zero3-save-16bit-model": ("zero3_save_16bit_model", {"type": lambda s: s.lower() in ("1", "true", "yes")}),
+}
+
+
+@hookimpl
+def torchbay_add_cli_options(parser: argparse.ArgumentParser, command: str) -> None:
+    if command not in ("launch", "test"):
+        return
+    group = parser.add_argument_group("deepspeed (torchbay-deepspeed)")
+    for flag, (key, kwargs) in CLI_OPTIONS.items():
+        group.add_argument(flag, dest=f"deepspeed.{key}", default=argparse.SUPPRESS, **kwargs)
+
+
+@hookimpl
+def torchbay_launch_env(config: Any, local_world_size: int):
+    if getattr(config, "strategy", None) != "deepspeed" or config.device == "auto":
+        return None
+    from torchbay_deepspeed.strategy import ds_accelerator_env
+
+    return ds_accelerator_env("cuda" if config.device == "rocm" else config.device)
+
+
+@hookimpl
+def torchbay_prepare(context, objects: list):
+    """Remember the first prepared data loader's per-process batch size (DeepSpeed's micro batch)."""
+    if context.config.strategy != "deepspeed" or "deepspeed_micro_batch" in context.extras:
+        return None
+    from torch.utils.data import DataLoader
+
+    for obj in objects:
+        if isinstance(obj, DataLoader) and obj.batch_size:
+            world = context.cluster.world_size()
+            split = context.config.dataloader.split_batches
+            size = obj.batch_size // world if split else obj.batch_size
+            context.extras["deepspeed_micro_batch"] = (size, f"the prepared data loader's per-process batch size")
+            break
+    return None
+
+
+@hookimpl
+def torchbay_estimate_memory(config: Any, world_size: int, counts: dict[str, int]):
+    if getattr(config, "strategy", None) != "deepspeed":
+        return None
+    section = config.deepspeed
+    stage = section.zero_stage if section.zero_stage is not None else 2
+    half = config.mixed_precision in ("bf16", "fp16")
+    n, trainable = counts.get("parameters", 0), counts.get("trainable", counts.get("parameters", 0))
+    weight_bytes = 2 if half else 4
+    params = n * weight_bytes / (world_size if stage >= 3 else 1)
+    grads = trainable * weight_bytes / (world_size if stage >= 2 else 1)
+    # fp32 master copy (mixed precision) + Adam's two moments
+    optimizer = trainable * (12 if half else 8) / (world_size if stage >= 1 else 1)
+    if section.offload_optimizer_device in ("cpu", "nvme"):
+        optimizer = 0
+    if section.offload_param_device in ("cpu", "nvme"):
+        params = 0
+    return {"strategy": f"deepspeed (ZeRO-{stage})", "parameters": int(params), "gradients": int(grads),
+            "optimizer": int(optimizer)}
+
+
+@hookimpl
+def torchbay_report_env():
+    import importlib.metadata as md
+
+    try:
+        version = md.version("deepspeed")
+    except md.PackageNotFoundError:
+        version = "not installed (pip install deepspeed)"
+    return {"deepspeed": version}

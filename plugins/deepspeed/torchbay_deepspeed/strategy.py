@@ -1,0 +1,460 @@
+"""The ``deepspeed`` strategy: one DeepSpeed engine per prepared model.
+
+deepspeed is imported when this strategy is built (in ``setup_environment``), never when
+the plugin is loaded.
+
+Per step: ``accelerator.backward(loss)`` tells the engine whether this micro-batch ends an
+accumulation window (torchbay's ``accumulate`` decides, as for DDP), then runs
+``engine.backward(loss)`` (DeepSpeed divides by the accumulation steps) and ``engine.step()``
+(DeepSpeed reduces, clips, updates and zeroes the gradients on the window's last micro-batch).
+The prepared optimizer's ``step``/``zero_grad`` then do nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from torchbay.errors import CheckpointError, ConfigError, TorchbayError
+from torchbay.precision import Precision
+from torchbay.strategy import Strategy
+
+from torchbay_deepspeed import config as dsconfig
+from torchbay_deepspeed.objects import DummyOptim, DummyScheduler, EngineOptimizer, EngineScheduler, PendingEngine
+
+log = logging.getLogger("torchbay.deepspeed")
+
+#: torch device type -> DeepSpeed accelerator name (DS_ACCELERATOR)
+DS_ACCELERATORS = {"cpu": "cpu", "cuda": "cuda", "xpu": "xpu", "npu": "npu", "mps": "mps", "hpu": "hpu",
+                   "mlu": "mlu", "sdaa": "sdaa"}
+CHECKPOINT_TAG = "ds"
+
+
+def ds_accelerator_env(torch_type: str) -> dict[str, str]:
+    name = DS_ACCELERATORS.get(torch_type)
+    return {"DS_ACCELERATOR": name} if name else {}
+
+
+def import_deepspeed(torch_type: str, log_level: str = "warning"):
+    """Import deepspeed with its accelerator matching torchbay's device."""
+    for key, value in ds_accelerator_env(torch_type).items():
+        os.environ.setdefault(key, value)
+    import deepspeed
+
+    level = getattr(logging, log_level.upper())
+    for name in ("DeepSpeed", "deepspeed"):
+        logging.getLogger(name).setLevel(level)
+    try:
+        from deepspeed.utils import logger as ds_logger
+
+        ds_logger.setLevel(level)
+    except Exception:  # pragma: no cover
+        pass
+    return deepspeed
+
+
+class DeepSpeedPrecision(Precision):
+    """DeepSpeed does its own bf16/fp16 (module conversion, loss scaler): no autocast here."""
+
+    def __init__(self, context):
+        super().__init__(context)
+        self.name = context.config.mixed_precision  # type: ignore[misc]
+
+    def optimizer_step(self, optimizer, step, **kwargs) -> bool:
+        step(optimizer, **kwargs)
+        return optimizer.step_applied() if isinstance(optimizer, EngineOptimizer) else True
+
+    def describe(self) -> str:
+        return f"deepspeed {self.name}"
+
+
+@dataclass
+class EngineRecord:
+    """One prepared model and what DeepSpeed built for it."""
+
+    index: int
+    module: torch.nn.Module
+    engine: Any = None
+    optimizer: Optional[EngineOptimizer] = None
+    pending: Optional[PendingEngine] = None
+    config: dict = field(default_factory=dict)
+    report: list = field(default_factory=list)
+    param_ids: set = field(default_factory=set)
+
+    @property
+    def trains(self) -> bool:
+        return self.engine is not None and self.engine.optimizer is not None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _param_ids(obj) -> set:
+    if isinstance(obj, torch.nn.Module):
+        return {id(p) for p in obj.parameters()}
+    return {id(p) for group in obj.param_groups for p in group["params"]}
+
+
+class DeepSpeedStrategy(Strategy):
+    """DeepSpeed ZeRO stages 0-3 with offload; each model its own engine and config."""
+
+    name = "deepspeed"
+    shards_parameters = True
+    handles_accumulation = True
+
+    # -- validation (no deepspeed import) ---------------------------------------------
+    @classmethod
+    def check(cls, context) -> list[str]:
+        problems = super().check(context)
+        import importlib.util
+
+        if importlib.util.find_spec("deepspeed") is None:
+            problems.append("strategy 'deepspeed' needs the deepspeed library: pip install deepspeed")
+        torch_type = context.device_backend_cls.torch_type()
+        wanted = DS_ACCELERATORS.get(torch_type)
+        if wanted is None:
+            problems.append(f"strategy 'deepspeed' has no DeepSpeed accelerator for device '{torch_type}' "
+                            f"(known: {', '.join(sorted(DS_ACCELERATORS))})")
+        elif os.environ.get("DS_ACCELERATOR", wanted) != wanted:
+            problems.append(f"DS_ACCELERATOR is '{os.environ['DS_ACCELERATOR']}' but torchbay's device is "
+                            f"'{torch_type}'; unset DS_ACCELERATOR (torchbay sets it) or choose device: "
+                            f"{os.environ['DS_ACCELERATOR']}")
+        _, _, found = dsconfig.base_config(context.resolved, context.cluster.world_size())
+        return problems + found
+
+    def __init__(self, context):
+        super().__init__(context)
+        self.section: dsconfig.DeepSpeedSection = context.config.deepspeed
+        base, origins, problems = dsconfig.base_config(context.resolved, self.world_size)
+        if problems:
+            raise ConfigError(problems, header="invalid DeepSpeed configuration")
+        if self.section.load_universal:
+            base.setdefault("checkpoint", {})["load_universal"] = True
+        self.base_config = base
+        self.origins = origins
+        self.records: list[EngineRecord] = []
+        self._unbound: list[EngineOptimizer] = []
+        self._ds = None
+
+    @property
+    def deepspeed(self):
+        if self._ds is None:
+            self._ds = import_deepspeed(self.device_backend.torch_type(), self.section.log_level)
+        return self._ds
+
+    # -- process group -------------------------------------------------------------------
+    def setup_environment(self, timeout_s: float | None = None) -> None:
+        for key, value in ds_accelerator_env(self.device_backend.torch_type()).items():
+            os.environ.setdefault(key, value)
+        backend = self.context.config.process_group_backend or self.device_backend.dist_backend()
+        if self.world_size <= 1 and not self.distributed:
+            # DeepSpeed wants a process group even for one process
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            dist.init_process_group(backend=backend, rank=0, world_size=1)
+            self.owns_process_group = True
+        else:
+            super().setup_environment(timeout_s)
+        ds = self.deepspeed
+        if self.device_backend.torch_type() == "cpu" and not self.section.cpu_shm_comm:
+            import deepspeed.ops
+
+            # the shared-memory op serves inference all-reduce only and costs minutes to compile
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        ds.init_distributed(dist_backend=backend, auto_mpi_discovery=False, dist_init_required=False)
+
+    def teardown(self) -> None:
+        for rec in self.records:
+            if rec.engine is not None:
+                with contextlib.suppress(Exception):
+                    rec.engine.destroy()
+        super().teardown()
+
+    def adapt_precision(self, precision):
+        return DeepSpeedPrecision(self.context)
+
+    # -- ZeRO-3 construction -----------------------------------------------------------
+    def zero_init(self, enabled: bool | None = None):
+        """Context to build models in: under ZeRO-3 with ``deepspeed.zero3_init`` (or
+        ``enabled=True``), parameters are partitioned as they are created."""
+        enabled = self.section.zero3_init if enabled is None else enabled
+        if not enabled:
+            return contextlib.nullcontext()
+        if dsconfig.get_path(self.base_config, ("zero_optimization", "stage")) != 3:
+            raise ConfigError("deepspeed.zero3_init needs ZeRO stage 3 (deepspeed.zero_stage: 3)")
+        cfg, _, _ = dsconfig.fill_auto(self.base_config, micro_batch=self._micro_batch(), world_size=self.world_size,
+                                       model=torch.nn.Module(), has_optimizer=True)
+        cfg = {k: v for k, v in cfg.items() if k not in ("optimizer", "scheduler")}
+        return self.deepspeed.zero.Init(config_dict_or_path=cfg)
+
+    # -- wrapping ------------------------------------------------------------------------
+    def _micro_batch(self) -> tuple[int, str] | None:
+        return self.context.extras.get("deepspeed_micro_batch")
+
+    def setup(self, models: list, optimizers: list, schedulers: list) -> tuple[list, list, list]:
+        proxies = [self._proxy(o) for o in optimizers]
+        dummy_scheds = {id(s.optimizer): s for s in schedulers if isinstance(s, DummyScheduler)}
+        out_models = []
+        for model in models:
+            rec = EngineRecord(index=len(self.records), module=model, param_ids=_param_ids(model))
+            self.records.append(rec)
+            proxy = self._match_optimizer(rec)
+            cfg = dsconfig.model_config(self.base_config, self.section, rec.index, model)
+            trainable = any(p.requires_grad for p in model.parameters())
+            if proxy is not None or not trainable or "optimizer" in cfg:
+                self._build(rec, proxy, dummy_scheds)
+                out_models.append(rec.engine)
+            else:
+                rec.pending = PendingEngine(model)
+                out_models.append(rec.pending)
+        for proxy in list(self._unbound):  # optimizers whose model was prepared earlier
+            rec = next((r for r in self.records if r.pending is not None and r.engine is None
+                        and _param_ids(proxy.user_optimizer) <= r.param_ids), None)
+            if rec is not None:
+                self._build(rec, proxy, dummy_scheds)
+                object.__setattr__(rec.pending, "engine", rec.engine)
+        out_scheds = []
+        for sched in schedulers:
+            if isinstance(sched, DummyScheduler):
+                rec = next((r for r in self.records if r.optimizer is not None
+                            and r.optimizer.user_optimizer is sched.optimizer), None)
+                if rec is None or rec.engine is None:
+                    raise TorchbayError("a DummyScheduler was prepared without its DummyOptim and model; prepare "
+                                        "them in the same call")
+                out_scheds.append(EngineScheduler(rec.engine, rec.optimizer))
+            else:
+                out_scheds.append(sched)  # stepped by torchbay, on the user's optimizer, as under DDP
+        return out_models, proxies, out_scheds
+
+    def _proxy(self, optimizer) -> EngineOptimizer:
+        proxy = EngineOptimizer(optimizer)
+        self._unbound.append(proxy)
+        return proxy
+
+    def _match_optimizer(self, rec: EngineRecord) -> EngineOptimizer | None:
+        for proxy in self._unbound:
+            ids = _param_ids(proxy.user_optimizer)
+            if ids and ids <= rec.param_ids:
+                return proxy
+        return None
+
+    def _build(self, rec: EngineRecord, proxy: EngineOptimizer | None, dummy_scheds: dict) -> None:
+        ds = self.deepspeed
+        model = rec.module
+        cfg = dsconfig.model_config(self.base_config, self.section, rec.index, model)
+        user_opt = proxy.user_optimizer if proxy is not None else None
+        dummy = isinstance(user_opt, DummyOptim)
+        if dummy and "optimizer" not in cfg:
+            raise ConfigError("a DummyOptim was prepared but the DeepSpeed config has no 'optimizer' section; "
+                              "prepare a torch optimizer or add the section")
+        if user_opt is not None and not dummy and "optimizer" in cfg:
+            raise ConfigError("the DeepSpeed config defines an 'optimizer' and a torch optimizer was prepared too; "
+                              "prepare torchbay_deepspeed.DummyOptim(model.parameters()) or remove the section")
+        has_opt = user_opt is not None or "optimizer" in cfg
+        offload = dsconfig.get_path(cfg, ("zero_optimization", "offload_optimizer", "device"))
+        if user_opt is not None and not dummy and offload in ("cpu", "nvme"):
+            cfg.setdefault("zero_force_ds_cpu_optimizer", False)  # the user's own optimizer is offloaded as is
+        sched = dummy_scheds.get(id(user_opt)) if user_opt is not None else None
+        opt_hint = dict(user_opt.defaults) if dummy else None
+        filled, report, problems = dsconfig.fill_auto(
+            cfg, micro_batch=self._micro_batch(), world_size=self.world_size, model=model,
+            optimizer_hint=opt_hint, scheduler_hint=sched.params if sched is not None else None,
+            has_optimizer=has_opt)
+        if problems:
+            raise ConfigError(problems, header=f"DeepSpeed config of model {rec.index} cannot be completed")
+        kwargs: dict[str, Any] = {"model": model, "config": filled, "dist_init_required": False}
+        if user_opt is not None and not dummy:
+            kwargs["optimizer"] = user_opt
+        elif has_opt:
+            kwargs["model_parameters"] = [p for p in model.parameters() if p.requires_grad]
+        if sched is not None and sched.lr_scheduler_callable is not None:
+            kwargs["lr_scheduler"] = sched.lr_scheduler_callable
+        engine, _, _, _ = ds.initialize(**kwargs)
+        rec.engine, rec.config, rec.report = engine, filled, report
+        if proxy is not None:
+            proxy.engine = engine
+            rec.optimizer = proxy
+            if proxy in self._unbound:
+                self._unbound.remove(proxy)
+        elif has_opt:
+            rec.optimizer = EngineOptimizer(None)
+            rec.optimizer.engine = engine
+        if self.rank == 0:
+            lines = [f"DeepSpeed engine for model {rec.index} ({type(model).__name__}), ZeRO stage "
+                     f"{dsconfig.get_path(filled, ('zero_optimization', 'stage'))}"]
+            lines += [f"  filled {line}" for line in report]
+            lines.append("  config: " + json.dumps(filled, sort_keys=True, default=str))
+            log.info("\n".join(lines))
+
+    def wrap_model(self, model):  # pragma: no cover - setup does the work
+        return self.setup([model], [], [])[0][0]
+
+    def _record(self, model: Any) -> EngineRecord:
+        for rec in self.records:
+            if model is rec.engine or model is rec.pending or model is rec.module:
+                return rec
+        raise TorchbayError(f"{type(model).__name__} was not prepared by this accelerator")
+
+    def is_wrapped(self, model: Any) -> bool:
+        return any(model is rec.engine or model is rec.pending for rec in self.records if model is not None)
+
+    def unwrap_model(self, model):
+        for rec in self.records:
+            if model is rec.engine or model is rec.pending:
+                return rec.module
+        return model
+
+    def owns_optimizer_step(self, optimizer: Any) -> bool:
+        return True
+
+    # -- every step ------------------------------------------------------------------------
+    def _sync(self) -> bool:
+        acc = self.context.accelerator
+        return True if acc is None else acc.gradient_state.sync_gradients
+
+    def _record_for_backward(self, loss: torch.Tensor, model: Any) -> EngineRecord:
+        if model is not None:
+            rec = self._record(model)
+            if not rec.trains:
+                raise TorchbayError(f"model {rec.index} has no optimizer in DeepSpeed; prepare its optimizer")
+            return rec
+        training = [r for r in self.records if r.trains]
+        if len(training) == 1:
+            return training[0]
+        if not training:
+            pending = [r for r in self.records if r.pending is not None and r.engine is None]
+            hint = " (a model is waiting for its optimizer: prepare it)" if pending else ""
+            raise TorchbayError(f"accelerator.backward: no DeepSpeed engine has an optimizer{hint}")
+        leaves = _graph_leaves(loss)
+        hit = [r for r in training if r.param_ids & leaves]
+        if len(hit) == 1:
+            return hit[0]
+        names = ", ".join(f"{r.index} ({type(r.module).__name__})" for r in (hit or training))
+        raise TorchbayError(f"accelerator.backward: the loss reaches several trained models ({names}); pass "
+                            f"model=<the one to update> to accelerator.backward")
+
+    def backward(self, loss: torch.Tensor, model: Any = None, **kwargs) -> None:
+        engine = self._record_for_backward(loss, model).engine
+        engine.set_gradient_accumulation_boundary(self._sync())
+        engine.backward(loss, retain_graph=bool(kwargs.pop("retain_graph", False)))
+        if kwargs:
+            raise TorchbayError(f"accelerator.backward under DeepSpeed takes retain_graph and model only, "
+                                f"not {', '.join(kwargs)}")
+        engine.step()
+
+    def no_sync(self, model: Any):
+        return contextlib.nullcontext()  # DeepSpeed knows the accumulation boundary from backward
+
+    def optimizer_step(self, optimizer: Any, **kwargs) -> Any:
+        return optimizer.step(**kwargs)  # EngineOptimizer.step: the engine already stepped
+
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        ids = {id(p) for p in params}
+        rec = next((r for r in self.records if r.trains and r.param_ids & ids), None)
+        if rec is None:
+            raise TorchbayError("clip_grad_norm_: these parameters belong to no trained DeepSpeed engine")
+        clip = rec.engine.gradient_clipping()
+        if norm_type != 2.0 or not clip or abs(clip - max_norm) > 1e-9 * max(1.0, abs(max_norm)):
+            raise ConfigError(
+                f"under strategy deepspeed, gradients are clipped inside DeepSpeed's step (L2 norm only): set "
+                f"deepspeed.gradient_clipping: {max_norm} (it is {clip or 'not set'}); clip_grad_norm_ then returns "
+                f"the norm DeepSpeed measured")
+        norm = rec.engine.get_global_grad_norm()
+        return torch.tensor(float("nan") if norm is None else float(norm))
+
+    def clip_grad_value_(self, parameters, clip_value: float) -> None:
+        raise ConfigError("clip_grad_value_ is not available under strategy deepspeed; use deepspeed.gradient_clipping "
+                          "(norm clipping)")
+
+    # -- state -------------------------------------------------------------------------------
+    def _zero3(self, rec: EngineRecord) -> bool:
+        return rec.engine is not None and rec.engine.zero_optimization_partition_weights()
+
+    def model_state_dict(self, model: Any) -> dict[str, torch.Tensor]:
+        """Full weights on the main process (gathered layer by layer under ZeRO-3); ``{}`` elsewhere."""
+        rec = self._record(model)
+        if self._zero3(rec):
+            state = rec.engine._zero3_consolidated_16bit_state_dict()
+            return dict(state) if state is not None else {}
+        return rec.module.state_dict()
+
+    def save_checkpoint(self, directory: Path, models: list, optimizers: list, io) -> list[str]:
+        """Every rank writes its part of each engine's DeepSpeed checkpoint to ``deepspeed_model_<i>``."""
+        for i, model in enumerate(models):
+            rec = self._record(model)
+            if rec.engine is None:
+                if self.rank == 0:
+                    io.save_state_dict(rec.module.state_dict(), directory, f"model_{i}")
+                continue
+            rec.engine.save_checkpoint(str(directory / f"deepspeed_model_{i}"), tag=CHECKPOINT_TAG,
+                                       client_state={"torchbay_model_index": i}, save_latest=False)
+        self.barrier()
+        if self.rank != 0:
+            return []
+        return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()
+                      and p.name != "torchbay_manifest.json")
+
+    def load_checkpoint(self, directory: Path, models: list, optimizers: list, io) -> None:
+        manifest_path = directory / "torchbay_manifest.json"
+        saved_world = json.loads(manifest_path.read_text()).get("world_size") if manifest_path.exists() else None
+        for i, model in enumerate(models):
+            rec = self._record(model)
+            sub = directory / f"deepspeed_model_{i}"
+            if rec.engine is None:
+                rec.module.load_state_dict(io.load_state_dict(directory, f"model_{i}", device="cpu"))
+                continue
+            if not (sub / CHECKPOINT_TAG).is_dir():
+                raise CheckpointError(f"model {i}: {sub / CHECKPOINT_TAG} is missing; was the checkpoint written "
+                                      f"with strategy deepspeed?")
+            tag = CHECKPOINT_TAG
+            if saved_world is not None and saved_world != self.world_size:
+                if not self.section.load_universal:
+                    raise CheckpointError(
+                        f"{directory} was written by {saved_world} processes and this run has {self.world_size}: "
+                        f"DeepSpeed cannot re-partition ZeRO state by itself. Convert it once with\n"
+                        f"  python -m deepspeed.checkpoint.ds_to_universal --input_folder {sub / CHECKPOINT_TAG} "
+                        f"--output_folder {sub / 'universal'}\n"
+                        f"(for each deepspeed_model_<i>), then set deepspeed.load_universal: true")
+                tag = "universal"
+                if not (sub / tag).is_dir():
+                    raise CheckpointError(f"deepspeed.load_universal is set but {sub / tag} does not exist; "
+                                          f"convert with python -m deepspeed.checkpoint.ds_to_universal")
+            try:
+                path, _ = rec.engine.load_checkpoint(str(sub), tag=tag, load_module_strict=True,
+                                                     load_optimizer_states=rec.engine.optimizer is not None,
+                                                     load_lr_scheduler_states=True)
+            except Exception as exc:
+                raise CheckpointError(f"model {i}: DeepSpeed could not load {sub / tag}: "
+                                      f"{type(exc).__name__}: {exc}") from exc
+            if path is None:
+                raise CheckpointError(f"model {i}: DeepSpeed found no checkpoint in {sub / tag}")
+
+
+def _graph_leaves(loss: torch.Tensor) -> set:
+    """ids of the leaf tensors (parameters) the loss's autograd graph accumulates into."""
+    ids: set = set()
+    seen: set = set()
+    stack = [loss.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        var = getattr(fn, "variable", None)
+        if var is not None:
+            ids.add(id(var))
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return ids
