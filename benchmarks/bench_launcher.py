@@ -1,0 +1,77 @@
+"""Launcher overhead: a no-op script in 2 processes, ``torchbay launch`` vs ``torchrun``, side by side.
+
+Runs are interleaved (torchrun, torchbay, torchrun, ...) so that a change in machine load
+hits both alike; the median wall time of each is reported with the ratio. Target: torchbay
+within 5% of torchrun.
+
+    python benchmarks/bench_launcher.py [--repeats 7] [--nproc 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _torchbay_cmd() -> list[str]:
+    exe = Path(sys.executable).with_name("torchbay")
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("torchbay")
+    return [found] if found else [sys.executable, "-m", "torchbay.cli.main"]
+
+
+def run_once(cmd: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--json", help="also write the numbers to this file")
+    args = parser.parse_args(argv)
+
+    workdir = Path(tempfile.mkdtemp(prefix="torchbay-bench-"))
+    script = workdir / "noop.py"
+    script.write_text("pass\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("TORCHBAY_RESOLVED_CONFIG", None)
+    commands = {
+        "torchrun": [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}", str(script)],
+        "torchbay launch": [*_torchbay_cmd(), "launch", "-q", f"--num-processes={args.nproc}", str(script)],
+    }
+    for cmd in commands.values():  # warm the page cache for both, not timed
+        run_once(cmd, env)
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for i in range(args.repeats):
+        order = list(commands) if i % 2 == 0 else list(reversed(commands))
+        for name in order:
+            times[name].append(run_once(commands[name], env))
+    med = {name: statistics.median(values) for name, values in times.items()}
+    ratio = med["torchbay launch"] / med["torchrun"]
+    print(f"no-op script, {args.nproc} processes, {args.repeats} interleaved repetitions, median wall time")
+    for name, values in times.items():
+        print(f"  {name:16s} median {med[name]:.3f} s   runs: " + ", ".join(f"{v:.2f}" for v in values))
+    print(f"  ratio torchbay/torchrun = {ratio:.3f} ({(ratio - 1) * 100:+.1f}%; target within +5%)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"times": times, "median": med, "ratio": ratio}, indent=2))
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

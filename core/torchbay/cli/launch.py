@@ -1,0 +1,64 @@
+"""``torchbay launch [flags] script.py [script args]``: run a script in every process of the job."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DESCRIPTION = """\
+Start your script in every process of the job through torch.distributed.run.
+
+--num-processes is the total across all machines, --nproc-per-node the count on each
+machine; give one of them (both only if they multiply out with --num-machines). Inside a
+SLURM, MPI or torchrun allocation the allocation decides. Each setting comes from, lowest
+first: defaults, --config-file, TORCHBAY_* variables, these flags. The resolved config
+reaches every process as one value, so Accelerator() needs no arguments. Everything is
+validated before any process starts; when a rank fails, every rank is stopped and the rank
+that failed first is named with its traceback.
+"""
+
+
+def register(subparsers) -> None:
+    from torchbay.cli._options import add_config_options
+
+    parser = subparsers.add_parser("launch", help="run a script in N processes (torchrun underneath)",
+                                   description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_options(parser, "launch")
+    parser.add_argument("-m", "--module", action="store_true", help="run TARGET as a module (python -m TARGET)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan (each number with its source) and the torchrun command; start nothing")
+    parser.add_argument("-q", "--quiet", action="store_true", help="do not print the plan line before starting")
+    parser.add_argument("script", metavar="TARGET", help="the training script (or module with -m)")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    parser.set_defaults(func=launch_command)
+
+
+def launch_command(args: argparse.Namespace) -> int:
+    import os
+
+    from torchbay.cli._options import resolve_from_args
+    from torchbay.errors import ConfigError
+    from torchbay.launcher import exec_direct, prepare, run_torchrun, torchrun_argv
+    from torchbay.plugins import get_plugin_manager
+
+    if not args.module and not os.path.isfile(args.script):
+        raise ConfigError(f"script '{args.script}' does not exist (to run a module, use torchbay launch -m NAME)",
+                          header="nothing to launch")
+    pm = get_plugin_manager()
+    resolved = resolve_from_args(args, pm=pm)
+    plan, context, env = prepare(resolved, pm)
+    setup = (f"device {context.device_backend_cls.name}, strategy {context.strategy_cls.name}, "
+             f"mixed_precision {resolved.config.mixed_precision}")
+    if args.dry_run:
+        print("\n".join(plan.describe()))
+        print(f"set-up: {setup}")
+        extra = sorted(k for k in env if k != "TORCHBAY_RESOLVED_CONFIG")
+        print("worker environment: TORCHBAY_RESOLVED_CONFIG" + "".join(f", {k}={env[k]}" for k in extra))
+        if plan.mode == "torchrun":
+            print("torchrun " + " ".join(torchrun_argv(plan, args.script, args.script_args, args.module)))
+        return 0
+    if not args.quiet:
+        print(f"torchbay launch: {plan.summary()}; {setup}", file=sys.stderr, flush=True)
+    if plan.mode == "direct":
+        exec_direct(plan, env, args.script, args.script_args, args.module)
+    return run_torchrun(plan, env, args.script, args.script_args, args.module)
