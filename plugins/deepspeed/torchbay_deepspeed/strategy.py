@@ -89,10 +89,11 @@ class EngineRecord:
     config: dict = field(default_factory=dict)
     report: list = field(default_factory=list)
     param_ids: set = field(default_factory=set)
+    has_optimizer: bool = False
 
     @property
     def trains(self) -> bool:
-        return self.engine is not None and self.engine.optimizer is not None
+        return self.engine is not None and self.has_optimizer
 
 
 def _free_port() -> int:
@@ -282,7 +283,7 @@ class DeepSpeedStrategy(Strategy):
         if sched is not None and sched.lr_scheduler_callable is not None:
             kwargs["lr_scheduler"] = sched.lr_scheduler_callable
         engine, _, _, _ = ds.initialize(**kwargs)
-        rec.engine, rec.config, rec.report = engine, filled, report
+        rec.engine, rec.config, rec.report, rec.has_optimizer = engine, filled, report, has_opt
         if proxy is not None:
             proxy.engine = engine
             rec.optimizer = proxy
@@ -395,9 +396,10 @@ class DeepSpeedStrategy(Strategy):
         """Every rank writes its part of each engine's DeepSpeed checkpoint to ``deepspeed_model_<i>``."""
         for i, model in enumerate(models):
             rec = self._record(model)
-            if rec.engine is None:
+            if not rec.trains:  # a frozen model (or one never given an optimizer): its full weights
+                state = self.model_state_dict(model)
                 if self.rank == 0:
-                    io.save_state_dict(rec.module.state_dict(), directory, f"model_{i}")
+                    io.save_state_dict(state, directory, f"model_{i}")
                 continue
             rec.engine.save_checkpoint(str(directory / f"deepspeed_model_{i}"), tag=CHECKPOINT_TAG,
                                        client_state={"torchbay_model_index": i}, save_latest=False)
@@ -413,8 +415,8 @@ class DeepSpeedStrategy(Strategy):
         for i, model in enumerate(models):
             rec = self._record(model)
             sub = directory / f"deepspeed_model_{i}"
-            if rec.engine is None:
-                rec.module.load_state_dict(io.load_state_dict(directory, f"model_{i}", device="cpu"))
+            if not rec.trains:
+                self._load_full_weights(rec, io.load_state_dict(directory, f"model_{i}", device="cpu"), i)
                 continue
             if not (sub / CHECKPOINT_TAG).is_dir():
                 raise CheckpointError(f"model {i}: {sub / CHECKPOINT_TAG} is missing; was the checkpoint written "
@@ -441,6 +443,26 @@ class DeepSpeedStrategy(Strategy):
                                       f"{type(exc).__name__}: {exc}") from exc
             if path is None:
                 raise CheckpointError(f"model {i}: DeepSpeed found no checkpoint in {sub / tag}")
+
+
+    def _load_full_weights(self, rec: EngineRecord, state: dict, index: int) -> None:
+        if not self._zero3(rec):
+            try:
+                rec.module.load_state_dict(state)
+            except Exception as exc:
+                raise CheckpointError(f"model {index} does not fit the saved weights: {exc}") from exc
+            return
+        names = dict(rec.module.named_parameters())
+        missing = sorted(set(names) - set(state))
+        if missing:
+            raise CheckpointError(f"model {index}: the checkpoint lacks {', '.join(missing[:5])}")
+        for name, param in names.items():  # one full parameter at a time
+            with self.deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+                if self.rank == 0:
+                    param.data.copy_(state[name])
+        for name, buf in rec.module.named_buffers():
+            if name in state:
+                buf.data.copy_(state[name])
 
 
 def _graph_leaves(loss: torch.Tensor) -> set:
