@@ -1,0 +1,221 @@
+"""Convert a Hugging Face Accelerate config file into a torchbay config.
+
+The mapping is data (``torchbay/data/accelerate.yaml``): Accelerate's key names and values
+on one side, torchbay's dotted keys on the other. Every key of the input ends up in exactly
+one of three lists, so that nothing is dropped silently:
+
+- ``mapped``: written to the torchbay config;
+- ``ignored``: has no effect at its value (``tpu_use_sudo: false``);
+- ``not_imported``: would change behaviour but has no torchbay equivalent, with the reason.
+
+Keys going into a plugin's section (e.g. Accelerate's nested configs of plugin strategies)
+are checked against that plugin's section model when the plugin is installed; otherwise
+they are written and listed as unchecked.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from torchbay.config import dotted_to_tree, load_yaml_file
+from torchbay.errors import ConfigError
+
+
+def mapping_table() -> dict[str, Any]:
+    text = importlib.resources.files("torchbay").joinpath("data/accelerate.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+@dataclass
+class ImportReport:
+    mapped: list[tuple[str, str, Any]] = field(default_factory=list)  # (accelerate key, torchbay key, value)
+    ignored: list[tuple[str, Any, str]] = field(default_factory=list)  # (key, value, why)
+    not_imported: list[tuple[str, Any, str]] = field(default_factory=list)  # (key, value, why)
+    unchecked: list[str] = field(default_factory=list)  # notes on sections no installed plugin checks
+    problems: list[str] = field(default_factory=list)  # the result does not validate here
+
+    def lines(self) -> list[str]:
+        out = []
+        for key, target, value in self.mapped:
+            out.append(f"mapped       {key} = {value!r} -> {target}")
+        for key, value, why in self.ignored:
+            out.append(f"ignored      {key} = {value!r} (no effect{': ' + why if why else ''})")
+        for key, value, why in self.not_imported:
+            out.append(f"NOT IMPORTED {key} = {value!r}: {why}")
+        for note in self.unchecked:
+            out.append(f"unchecked    {note}")
+        for problem in self.problems:
+            out.append(f"invalid      {problem}")
+        return out
+
+
+def _norm_enum(value: Any, what: str) -> Any:
+    # YAML 1.1 reads an unquoted NO / no as false
+    if value is False and what in ("distributed_type", "mixed_precision", "dynamo_backend", "downcast_bf16"):
+        return "NO" if what != "mixed_precision" else "no"
+    return value
+
+
+def _lookup(table: dict, value: Any) -> tuple[bool, Any]:
+    for candidate in (value, str(value), str(value).upper()):
+        if candidate in table and not (isinstance(candidate, bool) != isinstance(value, bool)):
+            return True, table[candidate]
+    return False, None
+
+
+def convert(data: dict[str, Any], pm=None) -> tuple[dict[str, Any], ImportReport]:
+    """``(torchbay config tree, report)`` for a loaded Accelerate config mapping."""
+    from torchbay.config import config_model
+
+    table = mapping_table()
+    report = ImportReport()
+    flat: dict[str, Any] = {}
+    data = dict(data)
+
+    def put(acc_key: str, dotted: str, value: Any) -> None:
+        flat[dotted] = value
+        report.mapped.append((acc_key, dotted, value))
+
+    compute = data.pop("compute_environment", None)
+    if compute is not None:
+        if compute in table["compute_environment"]:
+            report.ignored.append(("compute_environment", compute, "torchbay launch runs on this machine"))
+        else:
+            why = table["unsupported_compute_environment"].get(compute, "unknown compute environment")
+            report.not_imported.append(("compute_environment", compute, why))
+
+    dist_type = _norm_enum(data.pop("distributed_type", "NO"), "distributed_type")
+    use_cpu = data.get("use_cpu")
+    if dist_type in table["distributed_type"]:
+        for key, value in table["distributed_type"][dist_type].items():
+            put("distributed_type", key, value)
+        if not table["distributed_type"][dist_type]:
+            report.ignored.append(("distributed_type", dist_type, "torchbay picks single or ddp from the process count"))
+    else:
+        why = table["unsupported_distributed_type"].get(str(dist_type), f"unknown distributed_type {dist_type!r}")
+        report.not_imported.append(("distributed_type", dist_type, why))
+    if use_cpu:
+        data.pop("use_cpu")
+        put("use_cpu", "device", "cpu")
+
+    for acc_key, dotted in table["top_level"].items():
+        if acc_key in data:
+            value = _norm_enum(data.pop(acc_key), acc_key)
+            if value is None:
+                report.ignored.append((acc_key, value, "unset"))
+            else:
+                put(acc_key, dotted, value)
+
+    section_for_type = table["section_of_distributed_type"]
+    for acc_section, spec in table["sections"].items():
+        if acc_section not in data:
+            continue
+        body = data.pop(acc_section)
+        if not body:
+            report.ignored.append((acc_section, body, "empty"))
+            continue
+        if not isinstance(body, dict):
+            report.not_imported.append((acc_section, body, "expected a mapping"))
+            continue
+        owner = [t for t, s in section_for_type.items() if s == acc_section]
+        if owner and dist_type not in owner:
+            for key, value in body.items():
+                report.ignored.append((f"{acc_section}.{key}", value,
+                                       f"distributed_type is {dist_type}, not {owner[0]}, so Accelerate ignores it too"))
+            continue
+        _convert_section(acc_section, spec, body, put, report, flat)
+
+    for key in list(data):
+        value = data.pop(key)
+        rule = table["no_effect"].get(key)
+        if rule is not None and (rule.get("any") or value in rule.get("values", [])):
+            report.ignored.append((key, value, rule.get("reason", "")))
+        else:
+            report.not_imported.append((key, value, table["not_imported"].get(
+                key, "not an Accelerate config key torchbay knows")))
+
+    tree = dotted_to_tree(flat)
+    _check(tree, table, report, pm, config_model)
+    return tree, report
+
+
+def _convert_section(acc_section: str, spec: dict, body: dict, put, report: ImportReport, flat: dict) -> None:
+    target = spec["target"]
+    for key, value in body.items():
+        name = f"{acc_section}.{key}"
+        rule = spec["keys"].get(key)
+        if rule is None:
+            report.not_imported.append((name, value, f"no torchbay '{target}' setting corresponds to it"))
+            continue
+        if "ignore" in rule and value in rule["ignore"]:
+            report.ignored.append((name, value, rule.get("reason", "")))
+            continue
+        if "key" not in rule and "top" not in rule:
+            report.not_imported.append((name, value, rule.get("reason", "no torchbay equivalent")))
+            continue
+        if "unmapped" in rule:
+            found, why = _lookup(rule["unmapped"], value)
+            if found:
+                report.not_imported.append((name, value, why))
+                continue
+        if "values" in rule:
+            found, translated = _lookup(rule["values"], value)
+            if not found:
+                report.not_imported.append((name, value, f"value not understood (known: "
+                                            f"{', '.join(map(str, rule['values']))})"))
+                continue
+            value = translated
+        if "split" in rule and isinstance(value, str):
+            value = [part.strip() for part in value.split(rule["split"]) if part.strip()]
+        put(name, rule["top"] if "top" in rule else f"{target}.{rule['key']}", value)
+    for key, implied in (spec.get("implies") or {}).items():
+        current = flat.get(f"{target}.{key}")
+        for sub, value in (implied.get(current) or {}).items():
+            if f"{target}.{sub}" not in flat:
+                put(f"{acc_section}.{key}", f"{target}.{sub}", value)
+
+
+def _check(tree: dict, table: dict, report: ImportReport, pm, config_model) -> None:
+    """Validate against the installed sections; name what cannot be checked here."""
+    from pydantic import ValidationError
+
+    if pm is None:
+        from torchbay.plugins import get_plugin_manager
+
+        pm = get_plugin_manager()
+    model = config_model(pm)
+    checkable = dict(tree)
+    for spec in table["sections"].values():
+        target = spec["target"]
+        if target in checkable and target not in model.model_fields:
+            checkable.pop(target)
+            report.unchecked.append(f"section '{target}' is written as imported, but no installed plugin "
+                                    f"provides it, so it is not checked: pip install {spec.get('plugin', target)}")
+    try:
+        model.model_validate(checkable)
+    except ValidationError as exc:
+        from torchbay.config import describe_errors
+
+        report.problems.extend(describe_errors(exc, model, {}))
+
+
+def import_file(path: str, pm=None) -> tuple[dict[str, Any], ImportReport]:
+    data = load_yaml_file(path)
+    if "distributed_type" not in data and "compute_environment" not in data:
+        raise ConfigError(f"'{path}' does not look like an Accelerate config (no distributed_type or "
+                          f"compute_environment key)")
+    return convert(data, pm)
+
+
+def to_yaml(tree: dict[str, Any], report: ImportReport, source: str) -> str:
+    header = [f"# torchbay config imported from the Accelerate config {source}"]
+    for key, value, why in report.not_imported:
+        header.append(f"# NOT IMPORTED {key}: {value!r} ({why})")
+    for note in report.unchecked:
+        header.append(f"# unchecked: {note}")
+    body = yaml.safe_dump(tree, sort_keys=False) if tree else "{}\n"
+    return "\n".join(header) + "\n" + body
