@@ -183,11 +183,6 @@ def check_detection(name: str, pm=None, **_: Any) -> str:
         problems.append(f"class {cls.__qualname__} is registered under '{name}' but its name attribute is '{cls.name}'")
     if not isinstance(cls.priority, int):
         problems.append(f"priority must be an int, got {cls.priority!r}")
-    try:
-        torch.device(cls.torch_type())
-    except Exception as exc:
-        problems.append(f"torch_type() '{cls.torch_type()}' is not a torch device type here ({exc}); set device_type, "
-                        f"or import the runtime that registers it in load_runtime()")
     reason = cls.unavailable_reason()
     if reason is not None and (not isinstance(reason, str) or not reason.strip()):
         problems.append(f"unavailable_reason() must return None or a non-empty explanation, got {reason!r}")
@@ -197,6 +192,11 @@ def check_detection(name: str, pm=None, **_: Any) -> str:
         _fail("; ".join(problems))
     if reason is not None:
         raise ConformanceSkip(f"device '{name}' is not available here: {reason}")
+    try:  # available: the runtime (if any) is loaded and has registered the type
+        torch.device(cls.torch_type())
+    except Exception as exc:
+        _fail(f"torch_type() '{cls.torch_type()}' is not a torch device type here ({exc}); set device_type, "
+              f"or import the runtime that registers it in load_runtime()")
     count = cls.device_count()
     if not isinstance(count, int) or count < 1:
         _fail(f"device '{name}' says it is available but device_count() is {count!r}; it must be >= 1")
