@@ -189,8 +189,8 @@ def zero_stage(config) -> int | None:
     """The DeepSpeed ZeRO stage of ``config`` when ``strategy: deepspeed``, read defensively.
 
     Looks at a ``deepspeed`` section with ``zero_stage``/``stage`` or a nested
-    ``zero_optimization.stage`` (attributes or mapping keys), and at a DeepSpeed JSON held
-    in ``config``/``ds_config``.
+    ``zero_optimization.stage`` (attributes or mapping keys), and at a DeepSpeed JSON (a
+    mapping, a JSON string or a file path) in ``config``/``ds_config``/``deepspeed_config_file``.
     """
     if getattr(config, "strategy", None) != "deepspeed":
         return None
@@ -207,7 +207,7 @@ def zero_stage(config) -> int | None:
         value = get(section, key)
         if isinstance(value, int):
             return value
-    for holder in (section, get(section, "config"), get(section, "ds_config")):
+    for holder in (section, get(section, "config"), get(section, "ds_config"), get(section, "deepspeed_config_file")):
         if holder is None:
             continue
         if isinstance(holder, str):

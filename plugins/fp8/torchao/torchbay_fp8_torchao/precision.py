@@ -127,6 +127,8 @@ class TorchaoFP8Precision(Precision):
         self.converted: list[list[str]] = []
         self.plans: list[_common.LinearPlan] = []
         self._modules: list[torch.nn.Module] = []
+        #: how many times the FSDP2 FP8 weight scales were precomputed (after optimizer steps, after loads)
+        self.scale_precomputations = 0
         if self.emulate and _common.is_main_process(context):
             log.warning("fp8 (torchao): emulating FP8 (fp8.engine_options.emulate: true): FP8 numerics computed in "
                         "high precision; expect it to be slower than bf16. Use it to test, not to train fast.")
@@ -162,8 +164,10 @@ class TorchaoFP8Precision(Precision):
 
         plan = _common.plan_linears(module, self.fp8)
         chosen = set(plan.convert)
+        originals = {name: module.get_submodule(name).weight for name in plan.convert}
         module = convert_to_float8_training(module, config=self.float8_config(),
                                             module_filter_fn=lambda mod, fqn: fqn in chosen)
+        _keep_parameter_identity(module, originals)
         self.plans.append(plan)
         self.converted.append(list(plan.convert))
         self._modules.append(module)
@@ -195,6 +199,15 @@ class TorchaoFP8Precision(Precision):
 
         for module in self._modules:
             precompute_float8_dynamic_scale_for_fsdp(module)
+        self.scale_precomputations += 1
+
+    def fsdp_float8_weights(self) -> list[str]:
+        """Names of the weights FSDP2 all-gathers in FP8 (sharded DTensors over torchao's FP8 weight)."""
+        from torch.distributed.tensor import DTensor
+        from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+        return [f"{i}:{name}" for i, module in enumerate(self._modules) for name, p in module.named_parameters()
+                if isinstance(p, DTensor) and isinstance(p._local_tensor, WeightWithDynamicFloat8CastTensor)]
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -214,3 +227,23 @@ class TorchaoFP8Precision(Precision):
 
     def describe(self) -> str:
         return f"fp8:torchao:{self.recipe_name}{':emulated' if self.emulate else ''}"
+
+
+def _keep_parameter_identity(model: torch.nn.Module, originals: dict[str, torch.nn.Parameter]) -> None:
+    """Put each converted weight back into the user's own ``nn.Parameter`` object.
+
+    With FSDP float8 all-gather, torchao wraps the weight in a new Parameter (a tensor
+    subclass); an optimizer built before ``prepare`` would then hold the old one and never
+    train the FP8 layers. ``torch.utils.swap_tensors`` moves the new contents (class
+    included) into the original object, which the module then holds again.
+    """
+    for name, old in originals.items():
+        owner = model.get_submodule(name)
+        new = owner.weight
+        if new is not old:
+            if getattr(new, "_tensor", None) is old:
+                # the wrapper holds the original as its inner tensor: give it a plain view of the
+                # same storage instead, or after the swap it would hold itself
+                new._tensor = old.detach()
+            torch.utils.swap_tensors(old, new)
+            owner.weight = old

@@ -1,0 +1,400 @@
+"""The FP8 precision plugins: torchbay-fp8-torchao (run for real, emulated on CPU),
+torchbay-fp8-te and torchbay-fp8-msamp (registration, selection and refusal here; their
+conversion, recipe and state code where the engine and an FP8 GPU exist).
+
+Tolerance of FP8 against bf16 (the small regression of tests/scripts/fp8_train.py, 80
+AdamW steps): both reach a full-data MSE below 5% of the initial one, and FP8's final MSE is
+within 25% (relative) of bf16's. Resume is exact: the losses after ``load_state`` equal the
+uninterrupted run's bit for bit and so do the final weights.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import glob
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from torchbay import Accelerator
+from torchbay.errors import IncompatibleSetupError
+from torchbay.plugins import PluginManager, hookimpl, reset_plugin_manager
+from torchbay.testing.processes import run_python, run_torchrun
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EMULATED = {"fp8": {"backend": "torchao", "engine_options": {"emulate": True}}}
+HAS_TE = importlib.util.find_spec("transformer_engine") is not None
+HAS_MSAMP = importlib.util.find_spec("msamp") is not None
+HAS_FSDP = importlib.util.find_spec("torchbay_fsdp") is not None
+
+
+def _fp8_gpu() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+needs_te = pytest.mark.skipif(not (HAS_TE and _fp8_gpu()), reason=(
+    "transformer_engine is not installed (pip install 'torchbay-fp8-te[engine]')" if not HAS_TE else
+    "Transformer Engine FP8 needs an NVIDIA GPU of compute capability 8.9+"))
+needs_msamp = pytest.mark.skipif(not (HAS_MSAMP and torch.cuda.is_available()), reason=(
+    "msamp (MS-AMP) is not installed: it is not on PyPI, see plugins/fp8/msamp/README.md" if not HAS_MSAMP else
+    "MS-AMP needs an NVIDIA GPU"))
+
+
+def mlp(*dims: int) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    for a, b in zip(dims, dims[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
+# --- packaging, registration, lazy imports ------------------------------------------------
+
+
+def test_importing_the_plugins_imports_no_engine():
+    code = textwrap.dedent("""
+        import sys
+        from torchbay.plugins import PluginManager
+        import torchbay_fp8_torchao.plugin, torchbay_fp8_te.plugin, torchbay_fp8_msamp.plugin
+        pm = PluginManager()
+        keys = sorted(k for k in pm.registries()["precisions"] if k.startswith("fp8:"))
+        pm.hook.torchbay_report_env()
+        loaded = [m for m in ("torchao", "transformer_engine", "msamp") if m in sys.modules]
+        print(keys, loaded)
+        assert keys == ["fp8:msamp", "fp8:te", "fp8:torchao"], keys
+        assert not loaded, loaded
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_each_engine_is_its_own_distribution_with_an_entry_point():
+    pm = PluginManager()
+    pm.registries()
+    for entry, dist in (("fp8-torchao", "torchbay-fp8-torchao"), ("fp8-te", "torchbay-fp8-te"),
+                        ("fp8-msamp", "torchbay-fp8-msamp")):
+        info = pm.infos[entry]
+        assert info.status == "loaded" and info.distribution == dist, info
+        assert any(r.startswith("precision:fp8:") for r in info.registers)
+    hooks = pm.hooks_of("fp8-torchao")
+    assert "torchbay_after_optimizer_step" in hooks and "torchbay_register_precisions" in hooks
+    assert {"torchbay_state_extra", "torchbay_load_state_extra"} <= set(pm.hooks_of("fp8-te"))
+    assert {"torchbay_validate", "torchbay_prepare"} <= set(pm.hooks_of("fp8-msamp"))
+
+
+def test_shared_helper_copies_are_identical():
+    copies = sorted(glob.glob(os.path.join(ROOT, "plugins/fp8/*/torchbay_fp8_*/_common.py")))
+    assert len(copies) == 3
+    for other in copies[1:]:
+        assert filecmp.cmp(copies[0], other, shallow=False), f"{other} differs from {copies[0]}"
+
+
+# --- selection ------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(HAS_TE, reason="transformer_engine is installed here")
+def test_te_without_its_engine_fails_before_training_with_the_install_hint():
+    with pytest.raises(IncompatibleSetupError) as err:
+        Accelerator(mixed_precision="fp8", config={"fp8": {"backend": "te"}})
+    message = str(err.value)
+    assert "fp8 backend 'te' cannot run here" in message
+    assert "pip install 'torchbay-fp8-te[engine]'" in message
+
+
+@pytest.mark.skipif(HAS_MSAMP, reason="msamp is installed here")
+def test_msamp_without_its_engine_fails_before_training_with_the_install_hint():
+    with pytest.raises(IncompatibleSetupError) as err:
+        Accelerator(mixed_precision="fp8", config={"fp8": {"backend": "msamp"}})
+    message = str(err.value)
+    assert "fp8 backend 'msamp' cannot run here" in message
+    assert "MS-AMP is not on PyPI" in message and "github.com/Azure/MS-AMP" in message
+
+
+def test_torchao_on_cpu_needs_emulation_opt_in_and_says_so():
+    with pytest.raises(IncompatibleSetupError) as err:
+        Accelerator(mixed_precision="fp8", config={"fp8": {"backend": "torchao"}})
+    assert "no FP8 hardware path on device 'cpu'" in str(err.value)
+    assert "fp8.engine_options.emulate: true" in str(err.value)
+
+
+def test_auto_says_which_engine_it_chose_and_why(caplog):
+    caplog.set_level(logging.INFO)
+    acc = Accelerator(mixed_precision="fp8", config={"fp8": {"engine_options": {"emulate": True}}})
+    assert acc.precision.fp8_backend == "torchao"
+    chose = [r.getMessage() for r in caplog.records if "auto chose" in r.getMessage()]
+    assert chose and "'torchao'" in chose[0]
+    if not HAS_TE:
+        assert "te: its engine 'transformer_engine' is not installed" in chose[0]
+    assert "msamp" not in chose[0]  # lowest priority: never reached once torchao is usable
+    assert acc.precision.describe() == "fp8:torchao:tensorwise:emulated"
+
+
+def test_settings_an_engine_cannot_honour_are_all_reported_by_name():
+    cfg = {"fp8": {"backend": "torchao", "recipe": "delayed", "margin": 2, "amax_history_len": 32,
+                   "engine_options": {"emulate": True, "emulat": True}}}
+    with pytest.raises(IncompatibleSetupError) as err:
+        Accelerator(mixed_precision="fp8", config=cfg)
+    problems = err.value.problems
+    assert any("fp8 engine 'torchao' cannot honour fp8.recipe = 'delayed'" in p for p in problems)
+    assert any("fp8.margin = 2" in p for p in problems)
+    assert any("fp8.amax_history_len = 32" in p for p in problems)
+    assert any("fp8.engine_options.emulat" in p and "did you mean 'emulate'" in p for p in problems)
+    with pytest.raises(IncompatibleSetupError) as err:
+        Accelerator(mixed_precision="fp8", config={"fp8": {"backend": "torchao", "engine_options": {
+            "emulate": True, "enable_fsdp_float8_all_gather": True}}})
+    assert "needs strategy: fsdp" in str(err.value)
+
+
+class _FakeDeepSpeedSection:
+    pass
+
+
+def test_msamp_refuses_zero3_and_fsdp_from_the_config():
+    from torchbay_fp8_msamp.precision import strategy_problems
+
+    zero3 = SimpleNamespace(strategy="deepspeed", deepspeed=SimpleNamespace(zero_stage=3))
+    assert "does not support DeepSpeed ZeRO-3" in strategy_problems(zero3)[0]
+    in_json = SimpleNamespace(strategy="deepspeed", deepspeed={"config": {"zero_optimization": {"stage": 3}}})
+    assert strategy_problems(in_json)
+    assert strategy_problems(SimpleNamespace(strategy="deepspeed", deepspeed=SimpleNamespace(zero_stage=2))) == []
+    assert strategy_problems(SimpleNamespace(strategy="deepspeed")) == []  # no section: nothing to read
+    assert "strategy: fsdp" in strategy_problems(SimpleNamespace(strategy="fsdp"))[0]
+    assert strategy_problems(SimpleNamespace(strategy="ddp")) == []
+
+
+def test_msamp_zero3_is_refused_before_any_process_group(monkeypatch):
+    """Through Accelerator: with the deepspeed plugin if installed, else a stand-in strategy."""
+    pm = PluginManager()
+    if "deepspeed" not in pm.registries()["strategies"]:
+        from pydantic import BaseModel, ConfigDict
+
+        from torchbay.strategy import Strategy
+
+        class Section(BaseModel):
+            model_config = ConfigDict(extra="forbid")
+            zero_stage: int = 2
+
+        class StandIn(Strategy):
+            name = "deepspeed"
+
+        class Plugin:
+            @hookimpl
+            def torchbay_register_strategies(self):
+                return [StandIn]
+
+            @hookimpl
+            def torchbay_config_sections(self):
+                return {"deepspeed": Section}
+
+        pm.register_plugin(Plugin(), "deepspeed-stand-in")
+    reset_plugin_manager(pm)
+    with pytest.raises(IncompatibleSetupError) as err:
+        Accelerator(mixed_precision="fp8", strategy="deepspeed",
+                    config={"fp8": {"backend": "msamp"}, "deepspeed": {"zero_stage": 3}})
+    assert any("fp8 engine 'msamp' does not support DeepSpeed ZeRO-3" in p for p in err.value.problems)
+    assert not torch.distributed.is_initialized()
+
+
+# --- which modules are converted -------------------------------------------------------------
+
+
+def test_linear_plan_filters_by_name_shape_and_position():
+    from torchbay.config import FP8Config
+    from torchbay_fp8_torchao._common import plan_linears
+
+    model = torch.nn.ModuleDict({"embed": torch.nn.Linear(16, 64), "attn": torch.nn.Linear(64, 64),
+                                 "odd": torch.nn.Linear(64, 50), "mlp": torch.nn.Linear(64, 64),
+                                 "gate": torch.nn.Linear(64, 64), "head": torch.nn.Linear(64, 64)})
+    plan = plan_linears(model, FP8Config(exclude=["gate"]))
+    assert plan.convert == ["attn", "mlp"]
+    assert "multiples of 16" in plan.skipped["odd"] and "fp8.exclude" in plan.skipped["gate"]
+    assert "first" in plan.skipped["embed"] and "last" in plan.skipped["head"]
+    plan = plan_linears(model, FP8Config(keep_first_and_last=False, include=["^(embed|head|mlp)$"]))
+    assert plan.convert == ["embed", "mlp", "head"] and "fp8.include" in plan.skipped["attn"]
+    attention = torch.nn.MultiheadAttention(64, 4)  # its out_proj is a Linear subclass: left alone
+    assert plan_linears(attention, FP8Config(keep_first_and_last=False)).convert == []
+
+
+def test_small_layers_are_named_in_one_warning_before_training(caplog):
+    from torchbay_fp8_torchao._common import SMALL_LAYER_HARMONIC, harmonic_size, small_layers
+
+    assert small_layers({"a": (1024, 1024), "b": (2048, 2048), "c": (1024, 4096), "d": (8192, 8192)}) == ["a", "c"]
+    assert harmonic_size(2048, 2048) >= SMALL_LAYER_HARMONIC > harmonic_size(1024, 4096)
+    caplog.set_level(logging.INFO)
+    acc = Accelerator(mixed_precision="fp8", config=EMULATED)
+    acc.prepare(mlp(64, 64, 64, 64, 64))
+    warnings = [r.getMessage() for r in caplog.records if "too small" in r.getMessage()]
+    assert len(warnings) == 1 and "2 of 2 FP8 layer(s)" in warnings[0] and "2 (64->64), 4 (64->64)" in warnings[0]
+    caplog.clear()
+    quiet = {"fp8": {"backend": "torchao", "engine_options": {"emulate": True, "small_layer_threshold": 0}}}
+    Accelerator(mixed_precision="fp8", config=quiet).prepare(mlp(64, 64, 64, 64))
+    assert not [r for r in caplog.records if "too small" in r.getMessage()]
+
+
+def test_converted_modules_are_listed_and_separate_prepare_calls_train_them(caplog):
+    from torchao.float8.float8_linear import Float8Linear
+
+    caplog.set_level(logging.INFO)
+    acc = Accelerator(mixed_precision="fp8", config=EMULATED)
+    model = mlp(32, 64, 64, 64, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = acc.prepare(optimizer)   # the optimizer first, in its own call
+    model = acc.prepare(model)
+    assert acc.precision.converted == [["2", "4"]]
+    assert [type(model[i]) for i in (0, 2, 4, 6)] == [torch.nn.Linear, Float8Linear, Float8Linear, torch.nn.Linear]
+    listed = [r.getMessage() for r in caplog.records if "converted to FP8" in r.getMessage()]
+    assert listed and "2 Linear module(s) converted to FP8: 2 (64->64), 4 (64->64)" in listed[0]
+    assert "6: last Linear kept" in listed[0] or "6: shape" in listed[0]
+    before = model[2].weight.detach().clone()
+    loss = model(torch.randn(16, 32)).float().pow(2).mean()
+    acc.backward(loss)
+    optimizer.step()
+    assert not torch.equal(before, model[2].weight.detach()), "the optimizer did not update the FP8 layer"
+
+
+def test_recipe_and_format_map_to_torchao_configs():
+    from torchao.float8.config import ScalingGranularity
+
+    def config_for(fp8):
+        acc = Accelerator(mixed_precision="fp8", config={"fp8": {"backend": "torchao", **fp8,
+                                                                 "engine_options": {"emulate": True}}})
+        return acc.precision.float8_config()
+
+    tensorwise = config_for({})
+    assert tensorwise.emulate and tensorwise.cast_config_input.scaling_granularity is ScalingGranularity.TENSORWISE
+    assert tensorwise.cast_config_grad_output.target_dtype == torch.float8_e5m2          # HYBRID
+    assert config_for({"format": "E4M3"}).cast_config_grad_output.target_dtype == torch.float8_e4m3fn
+    rowwise = config_for({"recipe": "rowwise"})
+    assert rowwise.cast_config_weight.scaling_granularity is ScalingGranularity.AXISWISE
+    assert rowwise.round_scales_to_power_of_2
+    assert rowwise.cast_config_grad_output.target_dtype == torch.float8_e4m3fn  # torchao's rowwise default
+    assert config_for({"recipe": "current"}) == tensorwise
+
+
+# --- training: single process, DDP, FSDP2 -----------------------------------------------------
+
+
+def _train(tmp_path, script, strategy):
+    args = ["--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "run")]
+    if strategy == "single":
+        run_python(script("fp8_train.py"), args, timeout=240).check()
+        world = 1
+    else:
+        run_torchrun(script("fp8_train.py"), 2, args + ["--strategy", strategy, "--batch-size", "8"],
+                     timeout=300).check()
+        world = 2
+    return [json.load(open(tmp_path / f"run.rank{r}.json")) for r in range(world)]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", [
+    "single",
+    "ddp",
+    pytest.param("fsdp", marks=pytest.mark.skipif(not HAS_FSDP, reason="torchbay-fsdp (plugins/fsdp) is not installed")),
+])
+def test_emulated_fp8_training_converges_like_bf16_and_resumes_exactly(tmp_path, script, strategy):
+    results = _train(tmp_path, script, strategy)
+    for r in results:
+        bf16, fp8, resumed = r["bf16"], r["fp8"], r["resume"]
+        assert fp8["strategy"] == strategy and fp8["precision"] == "fp8:torchao:tensorwise:emulated"
+        assert fp8["converted"] == [["2", "4"]] and "Float8Linear" in fp8["modules"]
+        assert bf16["final"] < 0.05 * r["initial"] and fp8["final"] < 0.05 * r["initial"], r
+        assert abs(fp8["final"] - bf16["final"]) <= 0.25 * bf16["final"], (fp8["final"], bf16["final"])
+        # resume: the steps after load_state are the uninterrupted run's, bit for bit
+        assert len(resumed["losses"]) == 80 - 50
+        assert resumed["losses"] == fp8["losses"][50:]
+        assert resumed["final"] == fp8["final"]
+        assert resumed["digest"] == fp8["digest"]
+    if strategy != "single":
+        assert results[0]["fp8"]["losses"] == results[1]["fp8"]["losses"]  # reduced across ranks
+    if strategy == "fsdp":
+        fp8 = results[0]["fp8"]
+        assert fp8["fsdp_float8_weights"] == ["0:2.weight", "0:4.weight"], "weights not all-gathered in FP8"
+        assert fp8["scale_precomputations"] == 80  # after every optimizer step
+        assert results[0]["resume"]["scale_precomputations"] == 30 + 1  # + once after load_state
+
+
+# --- Transformer Engine -----------------------------------------------------------------------
+
+
+def _fp8_section(**values):
+    from torchbay.config import FP8Config
+
+    return FP8Config(**values)
+
+
+def test_te_recipe_mapping_as_data():
+    from torchbay_fp8_te.recipes import recipe_problems, recipe_spec
+
+    delayed = _fp8_section(recipe="delayed", margin=1, amax_history_len=32, amax_compute_algo="most_recent")
+    assert recipe_spec(delayed) == ("DelayedScaling", {"fp8_format": "HYBRID", "margin": 1, "amax_history_len": 32,
+                                                       "amax_compute_algo": "most_recent"})
+    assert recipe_spec(_fp8_section(recipe="current", format="E4M3")) == ("Float8CurrentScaling", {"fp8_format": "E4M3"})
+    assert recipe_spec(_fp8_section())[0] == "Float8CurrentScaling"  # tensorwise = current per-tensor scaling
+    not_set = lambda key: False  # noqa: E731
+    assert recipe_spec(_fp8_section(recipe="mxfp8"), not_set) == ("MXFP8BlockScaling", {"fp8_format": "E4M3"})
+    assert recipe_spec(_fp8_section(recipe="block"), not_set) == ("Float8BlockScaling", {"fp8_format": "E4M3"})
+    extra = _fp8_section(recipe="current", engine_options={"recipe_kwargs": {"fp8_dpa": True}})
+    assert recipe_spec(extra)[1] == {"fp8_format": "HYBRID", "fp8_dpa": True}
+    assert "no rowwise recipe" in recipe_problems(_fp8_section(recipe="rowwise"))[0]
+    assert "applies to delayed scaling only" in recipe_problems(_fp8_section(recipe="current", amax_history_len=8))[0]
+    assert recipe_problems(delayed) == []
+
+
+@needs_te
+def test_te_builds_each_recipe():
+    from transformer_engine.common import recipe as te_recipe
+
+    from torchbay_fp8_te.recipes import build_recipe
+
+    delayed = build_recipe(_fp8_section(recipe="delayed", margin=1, amax_history_len=32))
+    assert isinstance(delayed, te_recipe.DelayedScaling) and delayed.margin == 1 and delayed.amax_history_len == 32
+    assert delayed.fp8_format == te_recipe.Format.HYBRID
+    assert isinstance(build_recipe(_fp8_section(recipe="current")), te_recipe.Float8CurrentScaling)
+
+
+@needs_te
+def test_te_converts_linear_and_layernorm_keeping_parameters(tmp_path):
+    import transformer_engine.pytorch as te
+
+    acc = Accelerator(mixed_precision="fp8", config={"fp8": {"backend": "te", "recipe": "delayed"}})
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128), torch.nn.Linear(128, 128),
+                                torch.nn.GELU(), torch.nn.Linear(128, 64))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    params = {id(p) for p in model.parameters()}
+    optimizer = acc.prepare(optimizer)
+    model = acc.prepare(model)  # a separate call, after the optimizer
+    assert isinstance(model[2], te.Linear) and isinstance(model[1], te.LayerNorm)
+    assert type(model[0]) is torch.nn.Linear and type(model[4]) is torch.nn.Linear  # first and last kept
+    assert {id(p) for p in model.parameters()} == params
+    x = torch.randn(32, 64, device=acc.device)
+    for _ in range(3):
+        acc.backward(model(x).float().pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+    acc.save_state(str(tmp_path / "ckpt"))
+    saved = acc.precision.scaling_state()
+    acc.backward(model(x).float().pow(2).mean())  # moves the amax history on
+    acc.load_state(str(tmp_path / "ckpt"))
+    restored = acc.precision.scaling_state()
+    for key, value in saved["modules"].items():
+        assert torch.equal(value, restored["modules"][key]), key
+
+
+@needs_msamp
+def test_msamp_initialises_model_and_optimizer_together():
+    acc = Accelerator(mixed_precision="fp8", config={"fp8": {"backend": "msamp", "keep_first_and_last": False}})
+    model = mlp(64, 128, 64).to(acc.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = acc.prepare(model, optimizer)
+    assert type(acc.unwrap_model(model)[0]).__module__.startswith("msamp")
+    assert type(optimizer.optimizer).__module__.startswith("msamp")
+    acc.backward(model(torch.randn(8, 64, device=acc.device)).float().pow(2).mean())
+    optimizer.step()
