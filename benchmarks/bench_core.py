@@ -1,0 +1,98 @@
+"""Core overhead, side by side in one run: the same training step through the Accelerator
+and as a raw PyTorch loop (3 x Linear(256), batch 32, AdamW, 1 thread), plain, with
+gradient accumulation 4, and with bf16 autocast; and `import torchbay` vs `import torch`.
+
+Rounds alternate raw and torchbay so that machine noise hits both; the ratio is the median
+over rounds of (torchbay time / raw time).
+
+    python benchmarks/bench_core.py [--steps 300] [--rounds 7]
+"""
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def make(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                torch.nn.ReLU(), torch.nn.Linear(256, 256))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def loader(steps):
+    data = TensorDataset(torch.randn(steps * 32, 256), torch.randn(steps * 32, 256))
+    return DataLoader(data, batch_size=32, shuffle=True)
+
+
+def raw_loop(steps, accumulation, bf16):
+    model, opt = make()
+    dl = loader(steps)
+    start = time.perf_counter()
+    for i, (x, y) in enumerate(dl):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = model(x)
+        loss = torch.nn.functional.mse_loss(out.float(), y) / accumulation
+        loss.backward()
+        if (i + 1) % accumulation == 0:
+            opt.step()
+            opt.zero_grad()
+    return time.perf_counter() - start
+
+
+def torchbay_loop(steps, accumulation, bf16):
+    from torchbay import Accelerator
+
+    acc = Accelerator(gradient_accumulation_steps=accumulation, mixed_precision="bf16" if bf16 else "no")
+    model, opt = make()
+    model, opt, dl = acc.prepare(model, opt, loader(steps))
+    start = time.perf_counter()
+    for x, y in dl:
+        with acc.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(x).float(), y)
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad()
+    elapsed = time.perf_counter() - start
+    acc.end_training()
+    return elapsed
+
+
+def import_time(module, rounds):
+    times = []
+    for _ in range(rounds):
+        out = subprocess.run([sys.executable, "-X", "importtime", "-c", f"from {module} import *"], capture_output=True,
+                             text=True, check=True).stderr
+        last = [line for line in out.splitlines() if line.rstrip().endswith(f"| {module}")][-1]
+        times.append(int(last.split("|")[1]) / 1e6)  # cumulative microseconds of the top-level import
+    return statistics.median(times)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=7)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    print(f"{'case':<26}{'raw s':>9}{'torchbay s':>12}{'ratio':>8}")
+    for name, accumulation, bf16 in [("plain", 1, False), ("grad accumulation 4", 4, False), ("bf16 autocast", 1, True)]:
+        raw_loop(20, accumulation, bf16), torchbay_loop(20, accumulation, bf16)  # warm up
+        raws, ours, ratios = [], [], []
+        for _ in range(args.rounds):
+            r = raw_loop(args.steps, accumulation, bf16)
+            t = torchbay_loop(args.steps, accumulation, bf16)
+            raws.append(r), ours.append(t), ratios.append(t / r)
+        print(f"{name:<26}{statistics.median(raws):>9.3f}{statistics.median(ours):>12.3f}"
+              f"{statistics.median(ratios):>8.3f}")
+    torch_s = import_time("torch", args.rounds)
+    ours_s = import_time("torchbay", args.rounds)
+    print(f"{'import (torch vs torchbay)':<26}{torch_s:>9.3f}{ours_s:>12.3f}{ours_s / torch_s:>8.3f}")
+
+
+if __name__ == "__main__":
+    main()
