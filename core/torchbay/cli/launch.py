@@ -61,4 +61,37 @@ def launch_command(args: argparse.Namespace) -> int:
         print(f"torchbay launch: {plan.summary()}; {setup}", file=sys.stderr, flush=True)
     if plan.mode == "direct":
         exec_direct(plan, env, args.script, args.script_args, args.module)
-    return run_torchrun(plan, env, args.script, args.script_args, args.module)
+    code = run_torchrun(plan, env, args.script, args.script_args, args.module)
+    if _is_console_command():
+        _exit_now(code)
+    return code
+
+
+def _is_console_command() -> bool:
+    """Whether this process is the ``torchbay`` command itself (not a caller of ``main()``)."""
+    import os
+
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return getattr(spec, "name", None) == "torchbay.cli.main" or \
+        os.path.basename(getattr(main, "__file__", "") or "") == "torchbay"
+
+
+def _exit_now(code: int) -> None:
+    """End the launcher once every worker is gone: run the exit handlers, flush, and skip the
+    interpreter's teardown of torch's modules (seconds, with nothing left to clean up; on a
+    multi-machine job torchrun's exit barrier has already been passed)."""
+    import atexit
+    import logging
+    import os
+
+    try:
+        atexit._run_exitfuncs()
+        logging.shutdown()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
