@@ -127,3 +127,5 @@ def test_collectives_and_gather_for_metrics_in_two_processes(tmp_path, script):
     assert out["sum"] == 3.0 and out["mean"] == 1.5 and out["gather"] == [1.0, 2.0]
     assert out["padded"] == [1.0, 0.0, 1.0, 1.0]
     assert out["split"] == [0, 1, 2]
+    assert out["dispatched"] == list(range(11))  # rank 0 read, everyone got a slice, padding dropped
+    assert out["dispatched_local"] == [[0, 1, 2], [6, 7, 8]]  # rank 0 of global batches of 6

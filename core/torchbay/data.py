@@ -196,7 +196,11 @@ class PreparedDataLoader:
             kwargs.pop("prefetch_factor", None)
             kwargs.pop("persistent_workers", None)
         dataset = dataloader.dataset
-        if isinstance(dataset, IterableDataset):
+        self.dispatcher: BatchDispatcher | None = None
+        if cfg.dispatch_batches and num > 1:
+            self.dispatcher = BatchDispatcher(dataloader, accelerator, kwargs, seed)
+            self.sampler, self.loader = self.dispatcher.sampler, self.dispatcher
+        elif isinstance(dataset, IterableDataset):
             batch_size = dataloader.batch_size
             if num > 1:
                 dataset = IterableShard(dataset, batch_size, num, index, cfg.split_batches)
@@ -225,6 +229,8 @@ class PreparedDataLoader:
 
     @property
     def total_batch_size(self) -> int:
+        if self.dispatcher is not None:
+            return self.dispatcher.global_batch_size
         if self.batch_sampler is None:
             return self.original.batch_size * (1 if self.accelerator.config.dataloader.split_batches
                                                else self.accelerator.num_processes)
@@ -267,6 +273,8 @@ class PreparedDataLoader:
             state.end_dataloader(self)
 
     def _remainder(self) -> int:
+        if self.dispatcher is not None:
+            return self.dispatcher.last_real_samples
         if self.batch_sampler is None or self.batch_sampler.last_real_samples is None:
             return -1
         return self.batch_sampler.last_real_samples
@@ -281,6 +289,90 @@ class PreparedDataLoader:
         self.in_epoch = False
 
 
+class BatchDispatcher:
+    """``dispatch_batches``: the main process loads each global batch and sends every
+    process its slice (for datasets that only one process should read)."""
+
+    def __init__(self, dataloader: DataLoader, accelerator, kwargs: dict, seed: int):
+        cfg = accelerator.config.dataloader
+        self.strategy = accelerator.strategy
+        self.num, self.index = accelerator.num_processes, accelerator.process_index
+        self.even = cfg.even_batches
+        per = dataloader.batch_size
+        self.global_batch_size = per if cfg.split_batches else per * self.num
+        if self.global_batch_size % self.num:
+            raise ConfigError(f"dataloader.dispatch_batches with split_batches needs the batch size ({per}) to be a "
+                              f"multiple of the number of processes ({self.num})")
+        self.per_process = self.global_batch_size // self.num
+        self.last_real_samples = -1
+        dataset = dataloader.dataset
+        sampler = None
+        if not isinstance(dataset, IterableDataset):
+            sampler = dataloader.sampler
+            if cfg.use_seedable_sampler and isinstance(sampler, RandomSampler):
+                sampler = SeedableRandomSampler(sampler.data_source, seed=seed, replacement=sampler.replacement,
+                                                num_samples=sampler._num_samples)
+        self.sampler = sampler if sampler is not None else dataset
+        self.loader = None
+        if self.index == 0:
+            self.loader = DataLoader(dataset, batch_size=self.global_batch_size, sampler=sampler,
+                                     drop_last=dataloader.drop_last, **kwargs)
+        self.length = self.strategy.broadcast_object(len(self.loader) if self.loader is not None and
+                                                     hasattr(dataset, "__len__") else 0)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        source = iter(self.loader) if self.loader is not None else None
+        first = None
+        while True:
+            batch = next(source, None) if source is not None else None
+            if self.index == 0 and batch is not None:
+                first = batch if first is None else first
+                real = _batch_len(batch)
+                if real < self.global_batch_size and self.even:
+                    batch = _concat(batch, first, self.global_batch_size - real)
+            else:
+                real = 0
+            batch, real = self.strategy.broadcast_object((batch, real))
+            if batch is None:
+                return
+            self.last_real_samples = real if real < self.global_batch_size else -1
+            size = self.per_process if self.even or real == self.global_batch_size else -(-real // self.num)
+            yield _slice(batch, self.index * size, (self.index + 1) * size)
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, dict):
+        return _batch_len(next(iter(batch.values())))
+    return _batch_len(batch[0]) if isinstance(batch, (list, tuple)) else len(batch)
+
+
+def _slice(batch: Any, start: int, end: int) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch[start:end]
+    if isinstance(batch, dict):
+        return type(batch)({k: _slice(v, start, end) for k, v in batch.items()})
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_slice(v, start, end) for v in batch)
+    return batch
+
+
+def _concat(batch: Any, first: Any, count: int) -> Any:
+    """``batch`` followed by ``count`` samples cycled from ``first`` (even_batches padding)."""
+    if isinstance(batch, torch.Tensor):
+        reps = -(-count // first.shape[0])
+        return torch.cat([batch, first.repeat(reps, *[1] * (first.ndim - 1))[:count]])
+    if isinstance(batch, dict):
+        return type(batch)({k: _concat(v, first[k], count) for k, v in batch.items()})
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_concat(v, f, count) for v, f in zip(batch, first))
+    return batch
+
+
 class SkipFirstBatches:
     """One epoch of a prepared loader without its first ``num_batches`` (no data is loaded for them)."""
 
@@ -292,7 +384,7 @@ class SkipFirstBatches:
         return max(len(self.loader) - self.num_batches, 0)
 
     def __iter__(self):
-        if self.loader.batch_sampler is None:  # iterable dataset: skip by reading
+        if self.loader.batch_sampler is None:  # iterable or dispatched: skip by reading
             it = self.loader._iterate(skip=0)
             for _ in range(self.num_batches):
                 next(it, None)

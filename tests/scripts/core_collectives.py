@@ -14,6 +14,12 @@ dl = acc.prepare(DataLoader(TensorDataset(torch.arange(11)), batch_size=3))
 out["gathered"] = torch.cat([acc.gather_for_metrics(b[0]) for b in dl]).tolist()
 dl_obj = acc.prepare(DataLoader(list(range(5)), batch_size=2, collate_fn=lambda b: b))
 out["gathered_objects"] = [x for batch in dl_obj for x in acc.gather_for_metrics(batch, use_gather_object=True)]
+from torchbay import Accelerator as _A  # noqa: E402  a second accelerator in the same group
+
+acc_dispatch = _A(dataloader_config=__import__("torchbay").DataLoaderConfiguration(dispatch_batches=True))
+dl_dispatch = acc_dispatch.prepare(DataLoader(TensorDataset(torch.arange(11)), batch_size=3))
+out["dispatched_local"] = [b[0].tolist() for b in dl_dispatch]
+out["dispatched"] = torch.cat([acc_dispatch.gather_for_metrics(b[0]) for b in dl_dispatch]).tolist()
 rank = torch.tensor([acc.process_index + 1.0])
 out["sum"] = acc.reduce(rank, "sum").item()
 out["mean"] = acc.reduce(rank, "mean").item()
