@@ -74,6 +74,7 @@ def gathered(acc, model):
 
 result = {}
 acc, student, teacher, opt, loader = build(teacher_seed=1)
+initial_student, initial_teacher = gathered(acc, student), gathered(acc, teacher)
 losses, batches = [], []
 for i, (x, y) in enumerate(loader):
     losses.append(step(acc, student, teacher, opt, x, y))
@@ -95,6 +96,8 @@ result["param_numel"] = sum(v.numel() for v in full.values())
 model_dir = os.path.join(args.out, f"model_zero{args.stage}")
 acc.save_model(student, model_dir)
 teacher_full = gathered(acc, teacher)
+result["student_moved"] = max((full[k] - initial_student[k]).abs().max().item() for k in full)
+result["teacher_moved"] = max((teacher_full[k] - initial_teacher[k]).abs().max().item() for k in teacher_full)
 state_dict = acc.get_state_dict(student)
 if acc.is_main_process:
     from safetensors.torch import load_file

@@ -1,0 +1,303 @@
+"""torchbay-deepspeed: real DeepSpeed (its CPU accelerator, gloo) in 2-process groups.
+
+Two process launches in all: tests/scripts/deepspeed_train.py (DDP against ZeRO-1/2/3 with
+and without gradient accumulation, ZeRO-2 with optimizer offload, a DeepSpeed JSON with
+"auto" values against the same settings in torchbay's config, DeepSpeed's own optimizer
+and scheduler from JSON) and tests/scripts/deepspeed_state.py (ZeRO-3 student/teacher under
+zero.Init, prepared in separate calls, save_state/load_state resume, save_model). The other
+tests run in this process or a plain subprocess and start no process group.
+
+Tolerances: DeepSpeed's ZeRO reduce-scatter / all-reduce and DDP's all-reduce both average
+the two ranks' fp32 gradients, in a different order, and DeepSpeed's clipping puts its
+1e-6 epsilon at another place than torch's clip_grad_norm_; after 8 micro-batches losses,
+gradient norms, learning rates and weights agree to 1e-6 absolute (observed: at most 1.2e-7).
+The JSON-vs-torchbay-config run and the resumed-vs-uninterrupted run must be bitwise equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from torchbay.testing.processes import run_torchrun
+
+HERE = os.path.dirname(__file__)
+SCRIPTS = os.path.join(HERE, "scripts")
+TOL = 1e-6
+NO_DS = {"TORCHBAY_DISABLE_PLUGIN_AUTOLOAD": "0"}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("deepspeed_train")
+    run_torchrun(os.path.join(SCRIPTS, "deepspeed_train.py"), 2, ["--out", str(out)], timeout=280).check()
+    return json.loads((out / "result_train.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory):
+    out = tmp_path_factory.mktemp("deepspeed_state")
+    run_torchrun(os.path.join(SCRIPTS, "deepspeed_state.py"), 2, ["--out", str(out), "--stage", "3"],
+                 timeout=240).check()
+    return json.loads((out / "result_state_zero3.json").read_text())
+
+
+def _max_diff(a, b) -> float:
+    assert len(a) == len(b) and a
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def _weights_diff(a: dict, b: dict) -> float:
+    assert a["weights"].keys() == b["weights"].keys() and a["weights"]
+    return max((torch.tensor(a["weights"][k]) - torch.tensor(b["weights"][k])).abs().max().item()
+               for k in a["weights"])
+
+
+# --- training matches DDP ------------------------------------------------------------------
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("ga", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_stage_matches_ddp_after_k_steps(trained, stage, ga):
+    ddp, zero = trained[f"ddp_ga{ga}"], trained[f"zero{stage}_ga{ga}"]
+    assert len(zero["losses"]) == 8
+    assert _max_diff(zero["losses"], ddp["losses"]) <= TOL
+    # clip_grad_norm_ returns the norm DeepSpeed measured before clipping, as torch's does
+    assert len(zero["norms"]) == 8 // ga
+    assert _max_diff(zero["norms"], ddp["norms"]) <= TOL
+    assert max(ddp["norms"]) > 0.5  # clipping at 0.5 was active
+    assert _max_diff(zero["lrs"], ddp["lrs"]) <= TOL  # the user's LambdaLR, stepped as under DDP
+    assert _weights_diff(zero, ddp) <= TOL
+    assert zero["engine_optimizer"] == ("DeepSpeedZeroOptimizer_Stage3" if stage == 3 else "DeepSpeedZeroOptimizer")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_gradient_accumulation_changes_the_run(trained):
+    # guards the comparison above: GA 2 really takes fewer, larger steps
+    assert _max_diff(trained["ddp_ga1"]["losses"], trained["ddp_ga2"]["losses"]) > 1e-3
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_zero2_optimizer_offload_matches_ddp(trained):
+    zero, ddp = trained["zero2_offload_ga2"], trained["ddp_ga2"]
+    assert zero["config"]["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+    assert zero["base_optimizer"] == "AdamW"  # the user's own optimizer, offloaded as is
+    assert _max_diff(zero["losses"], ddp["losses"]) <= TOL
+    assert _weights_diff(zero, ddp) <= TOL
+
+
+# --- configuration -------------------------------------------------------------------------
+
+
+def _normalized(cfg: dict) -> dict:
+    cfg = json.loads(json.dumps(cfg))
+    for key in ("bf16", "fp16"):  # "enabled": false and absent mean the same to DeepSpeed
+        if cfg.get(key) == {"enabled": False}:
+            del cfg[key]
+    return cfg
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_json_with_auto_values_equals_the_same_settings_in_torchbay_config(trained):
+    from_json, from_section = trained["json_auto_ga2"], trained["section_ga2"]
+    assert from_json["losses"] == from_section["losses"]
+    assert from_json["weights"] == from_section["weights"]
+    assert _normalized(from_json["config"]) == _normalized(from_section["config"])
+    assert from_json["config"]["train_micro_batch_size_per_gpu"] == 4  # the loader's batch size
+    assert from_json["config"]["train_batch_size"] == 16  # 4 x GA 2 x 2 processes
+    assert from_json["config"]["gradient_clipping"] == 0.5  # from deepspeed.gradient_clipping
+    report = "\n".join(from_json["report"])
+    assert "train_micro_batch_size_per_gpu: auto -> 4" in report and "train_batch_size: auto -> 16" in report
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_deepspeed_optimizer_and_scheduler_from_json(trained):
+    run = trained["json_optimizer"]
+    assert run["base_optimizer"] == "AdamW"
+    params = run["config"]["optimizer"]["params"]
+    assert params["lr"] == 0.01 and params["weight_decay"] == 0.01  # filled from DummyOptim
+    assert run["config"]["scheduler"]["params"]["warmup_num_steps"] == 3  # from DummyScheduler
+    lrs = run["lrs"]
+    assert lrs[0] < lrs[1] < lrs[2] == pytest.approx(0.01)  # DeepSpeed's WarmupLR, stepped by the engine
+    assert run["losses"][-1] < run["losses"][0]
+
+
+def _context(tmp_path, config: dict, world_size: int = 2):
+    from torchbay.cluster import ClusterEnvironment
+    from torchbay.config import resolve_config
+    from torchbay.plugins import PluginManager
+    from torchbay.selection import build_context
+
+    class Two(ClusterEnvironment):
+        name = "two"
+
+        def world_size(self):
+            return world_size
+
+        def rank(self):
+            return 0
+
+        def local_rank(self):
+            return 0
+
+    pm = PluginManager()
+    resolved = resolve_config(args={"strategy": "deepspeed", "device": "cpu", **config}, pm=pm, environ={})
+    return build_context(resolved, pm, cluster=Two())
+
+
+def test_values_set_in_both_places_are_rejected_with_both_shown(tmp_path):
+    from torchbay.errors import IncompatibleSetupError
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 3}, "gradient_accumulation_steps": 4,
+                                "gradient_clipping": 1.0, "bf16": {"enabled": True}}))
+    with pytest.raises(IncompatibleSetupError) as info:
+        _context(tmp_path, {"gradient_accumulation_steps": 2, "deepspeed.deepspeed_config_file": str(path),
+                            "deepspeed.zero_stage": 2, "deepspeed.gradient_clipping": 0.5})
+    problems = info.value.problems
+    text = "\n".join(problems)
+    assert "'zero_optimization.stage' is 3 in the DeepSpeed JSON" in text and "but 2 in torchbay 'deepspeed.zero_stage'" in text
+    assert "'gradient_accumulation_steps' is 4" in text and "but 2 in torchbay 'gradient_accumulation_steps'" in text
+    assert "'gradient_clipping' is 1.0" in text and "0.5" in text
+    assert "'bf16.enabled' is True" in text and "mixed_precision" in text and "'no'" in text
+    assert "Accelerator(...) arguments" in text  # where the torchbay value came from
+    assert len([p for p in problems if "DeepSpeed" in p]) == 4  # every conflict at once
+
+
+def test_auto_and_equal_values_are_no_conflict(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": "auto",
+                                "train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": "auto"}}))
+    context = _context(tmp_path, {"gradient_accumulation_steps": 2, "mixed_precision": "bf16",
+                                  "deepspeed.deepspeed_config_file": str(path), "deepspeed.zero_stage": 2})
+    from torchbay_deepspeed.config import base_config
+
+    cfg, origins, problems = base_config(context.resolved, 2)
+    assert problems == []
+    assert cfg["gradient_accumulation_steps"] == 2 and cfg["bf16"] == {"enabled": True}
+    assert "Accelerator(...) arguments" in origins["gradient_accumulation_steps"]
+
+
+def test_unknown_section_key_suggests_the_right_one(tmp_path):
+    from torchbay.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"did you mean 'deepspeed.zero_stage'"):
+        _context(tmp_path, {"deepspeed.zero_stag": 3})
+
+
+def test_fill_auto_uses_hidden_size_batch_and_reports_what_it_cannot_fill():
+    from torchbay_deepspeed.config import fill_auto
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 8))
+    cfg = {"gradient_accumulation_steps": 2, "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+           "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                                 "stage3_param_persistence_threshold": "auto"}, "wall_clock_breakdown": "auto"}
+    filled, report, problems = fill_auto(cfg, micro_batch=(8, "loader"), world_size=4, model=model,
+                                         has_optimizer=True)
+    assert filled["train_micro_batch_size_per_gpu"] == 8 and filled["train_batch_size"] == 64
+    zero = filled["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 128 * 128 and zero["stage3_param_persistence_threshold"] == 1280
+    assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 128 * 128)
+    assert any("hidden size 128" in line for line in report)
+    assert problems and "wall_clock_breakdown" in problems[0]
+
+
+def test_cli_flags_feed_the_deepspeed_section():
+    from torchbay.config import resolve_config
+    from torchbay.plugins import PluginManager
+
+    pm = PluginManager()
+    parser = argparse.ArgumentParser()
+    pm.hook.torchbay_add_cli_options.call_historic(kwargs={"parser": parser, "command": "launch"})
+    args = vars(parser.parse_args(["--zero-stage", "3", "--offload-param-device", "cpu", "--zero3-init",
+                                   "--deepspeed-gradient-clipping", "1.5"]))
+    assert args == {"deepspeed.zero_stage": 3, "deepspeed.offload_param_device": "cpu", "deepspeed.zero3_init": True,
+                    "deepspeed.gradient_clipping": 1.5}
+    assert vars(parser.parse_args([])) == {}  # unset flags do not override other sources
+    config = resolve_config(cli=args, pm=pm, environ={}).config
+    assert config.deepspeed.zero_stage == 3 and config.deepspeed.zero3_init
+
+
+def test_launch_env_memory_estimate_and_env_report(tmp_path):
+    from torchbay.config import resolve_config
+    from torchbay.plugins import PluginManager
+
+    pm = PluginManager()
+    config = resolve_config(args={"strategy": "deepspeed", "device": "cpu", "deepspeed.zero_stage": 3}, pm=pm,
+                            environ={}).config
+    envs = [e for e in pm.hook.torchbay_launch_env(config=config, local_world_size=2) if e]
+    assert {"DS_ACCELERATOR": "cpu"} in envs
+    est = [e for e in pm.hook.torchbay_estimate_memory(config=config, world_size=4,
+                                                       counts={"parameters": 1000, "trainable": 1000}) if e]
+    assert est == [{"strategy": "deepspeed (ZeRO-3)", "parameters": 1000, "gradients": 1000, "optimizer": 2000}]
+    assert any("deepspeed" in r for r in pm.hook.torchbay_report_env() if r)
+
+
+def test_importing_the_plugin_does_not_import_deepspeed(tmp_path):
+    code = textwrap.dedent("""
+        import sys
+        import torchbay_deepspeed, torchbay_deepspeed.plugin
+        from torchbay.config import resolve_config
+        from torchbay.plugins import PluginManager
+        from torchbay.selection import build_context
+        pm = PluginManager()
+        assert "deepspeed" in pm.registries()["strategies"]
+        resolved = resolve_config(args={"strategy": "deepspeed", "deepspeed.zero_stage": 3}, pm=pm, environ={})
+        build_context(resolved, pm)  # selection and validation too
+        print(sorted(m for m in sys.modules if m == "deepspeed" or m.startswith("deepspeed.")))
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# --- several models, ZeRO-3 weights and resume ---------------------------------------------------
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_student_teacher_train_and_checkpoint_both(state):
+    assert state["engines"] == 2 and state["trains"] == [True, False]
+    assert state["student_moved"] > 1e-3 and state["teacher_moved"] == 0.0  # the student learns, the teacher is frozen
+    files = state["files"]
+    assert "deepspeed_model_0" in files  # the student: DeepSpeed's own checkpoint, every rank's part
+    assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= set(
+        state["ds_files"])
+    assert "model_1.safetensors" in files  # the frozen teacher: its full weights
+    assert state["teacher_differs_before_load"] > 0.1 and state["teacher_after_load"] == 0.0
+    # each engine's "auto" values came from its own model
+    assert any("hidden size 32" in line for line in state["report"][0])
+    assert any("hidden size 16" in line for line in state["report"][1])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_zero3_save_model_equals_gathered_parameters(state):
+    assert state["raw_state_numel"] < state["param_numel"]  # the module's own state_dict is partitioned
+    assert state["saved_numel"] == state["param_numel"] == 1540
+    assert state["empty_saved"] == []
+    assert state["saved_vs_gathered"] == 0.0
+    assert state["state_dict_vs_gathered"] == 0.0  # get_state_dict too
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_zero3_resume_is_identical_to_the_uninterrupted_run(state):
+    assert state["student_after_load"] == 0.0
+    assert state["batches_match"]
+    assert state["resumed_losses"] == state["losses"][4:]
+    assert state["final_vs_uninterrupted"] == 0.0
