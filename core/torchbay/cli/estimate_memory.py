@@ -1,0 +1,155 @@
+"""``torchbay estimate-memory MODEL``: parameter, gradient and optimizer memory per process.
+
+MODEL is a Python path ``package.module:factory`` (a callable returning an ``nn.Module``,
+built on the meta device so no memory is used, or an ``nn.Module`` instance) or a
+safetensors checkpoint (a file, or a folder of ``*.safetensors`` shards; only the headers
+are read). Each installed strategy reports its own per-process numbers through the
+``torchbay_estimate_memory`` hook; activations are not included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers) -> None:
+    from torchbay.cli._options import add_config_options
+
+    parser = subparsers.add_parser("estimate-memory", help="per-process memory of a model for each strategy "
+                                   "and precision (no activations)", description=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("model", metavar="MODEL", help="pkg.module:factory, or a .safetensors file or folder")
+    add_config_options(parser, "estimate-memory")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.set_defaults(func=estimate_command)
+
+
+def _error(message: str):
+    from torchbay.errors import ConfigError
+
+    return ConfigError(message, header="cannot read the model")
+
+
+def count_safetensors(path: Path) -> dict[str, int]:
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    if not files:
+        raise _error(f"'{path}' holds no *.safetensors file")
+    total = 0
+    for file in files:
+        try:
+            with open(file, "rb") as fp:
+                (size,) = struct.unpack("<Q", fp.read(8))
+                if size > 100 * 2**20:
+                    raise ValueError("header larger than 100 MiB")
+                header = json.loads(fp.read(size))
+        except (OSError, ValueError, struct.error) as exc:
+            raise _error(f"'{file}' is not a safetensors file ({exc})") from None
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            numel = 1
+            for dim in meta["shape"]:
+                numel *= int(dim)
+            total += numel
+    return {"parameters": total, "trainable": total}
+
+
+def count_module(spec: str) -> dict[str, int]:
+    import torch
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise _error(f"'{spec}' is neither an existing safetensors file nor a Python path 'package.module:factory'")
+    sys.path.insert(0, ".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise _error(f"cannot import '{module_name}': {exc}") from None
+    finally:
+        sys.path.pop(0)
+    try:
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise _error(f"'{module_name}' has no attribute '{attr}'") from None
+    if not isinstance(obj, torch.nn.Module):
+        if not callable(obj):
+            raise _error(f"'{spec}' is neither an nn.Module nor a callable returning one")
+        with torch.device("meta"):
+            obj = obj()
+        if not isinstance(obj, torch.nn.Module):
+            raise _error(f"'{spec}' returned {type(obj).__name__}, not an nn.Module")
+    params = list(obj.parameters())
+    return {"parameters": sum(p.numel() for p in params),
+            "trainable": sum(p.numel() for p in params if p.requires_grad)}
+
+
+def estimate(counts: dict[str, int], resolved, pm, world_size: int) -> list[dict[str, Any]]:
+    registries = pm.registries()
+    modes = [m for m in ("no", "fp16", "bf16") if m in registries["precisions"]]
+    if any(key.startswith("fp8:") for key in registries["precisions"]):
+        modes.append("fp8")
+    rows = []
+    for name, cls in sorted(registries["strategies"].items()):
+        if (world_size > 1 and not cls.multi_process) or (world_size == 1 and not cls.single_process):
+            continue
+        for mode in modes:
+            config = resolved.config.model_copy(update={"strategy": name, "mixed_precision": mode})
+            found = [r for r in pm.hook.torchbay_estimate_memory(config=config, world_size=world_size, counts=counts)
+                     if r and r.get("strategy") == name]
+            if not found:
+                rows.append({"strategy": name, "precision": mode, "estimate": None,
+                             "note": f"plugin '{getattr(cls, '_torchbay_plugin', '?')}' gives no estimate"})
+                continue
+            r = found[0]
+            total = int(r["parameters"]) + int(r["gradients"]) + int(r["optimizer"])
+            rows.append({"strategy": name, "precision": mode, "parameters": int(r["parameters"]),
+                         "gradients": int(r["gradients"]), "optimizer": int(r["optimizer"]), "total": total,
+                         "sharding_factor": r.get("sharding_factor", 1)})
+    return rows
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+
+
+def estimate_command(args: argparse.Namespace) -> int:
+    from torchbay.cli._options import resolve_from_args
+    from torchbay.plugins import get_plugin_manager
+
+    pm = get_plugin_manager()
+    resolved = resolve_from_args(args, pm=pm)
+    path = Path(args.model)
+    counts = count_safetensors(path) if path.exists() else count_module(args.model)
+    launch = resolved.config.launch
+    world = launch.num_processes or (launch.nproc_per_node or 1) * launch.num_machines
+    rows = estimate(counts, resolved, pm, world)
+    if args.format == "json":
+        print(json.dumps({"counts": counts, "world_size": world, "rows": rows}, indent=2))
+        return 0
+    print(f"{args.model}: {counts['parameters']:,} parameters ({counts['trainable']:,} trainable); "
+          f"{world} process(es); per process, without activations")
+    headers = ("STRATEGY", "PRECISION", "PARAMETERS", "GRADIENTS", "OPTIMIZER", "TOTAL")
+    cells = []
+    for r in rows:
+        if r.get("total") is None:
+            cells.append((r["strategy"], r["precision"], r["note"], "", "", ""))
+        else:
+            cells.append((r["strategy"], r["precision"], _gib(r["parameters"]), _gib(r["gradients"]),
+                          _gib(r["optimizer"]), _gib(r["total"])))
+    measured = [c for c in cells if c[3]]
+    widths = [max(len(h), *(len(c[i]) for c in measured)) if measured else len(h) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    for c in cells:
+        if not c[3]:
+            print(f"{c[0].ljust(widths[0])}  {c[1].ljust(widths[1])}  {c[2]}")
+        else:
+            print("  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip())
+    print("optimizer assumes Adam (two fp32 states per trainable parameter) unless a strategy says otherwise")
+    return 0
