@@ -27,7 +27,7 @@ import torch
 from torchbay import Accelerator
 from torchbay.errors import IncompatibleSetupError
 from torchbay.plugins import PluginManager, hookimpl, reset_plugin_manager
-from torchbay.testing.processes import run_python, run_torchrun
+from torchbay.testing.processes import run_torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EMULATED = {"fp8": {"backend": "torchao", "engine_options": {"emulate": True}}}
@@ -281,44 +281,57 @@ def test_recipe_and_format_map_to_torchao_configs():
 # --- training: single process, DDP, FSDP2 -----------------------------------------------------
 
 
-def _train(tmp_path, script, strategy):
-    args = ["--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "run")]
-    if strategy == "single":
-        run_python(script("fp8_train.py"), args, timeout=240).check()
-        world = 1
-    else:
-        run_torchrun(script("fp8_train.py"), 2, args + ["--strategy", strategy, "--batch-size", "8"],
-                     timeout=300).check()
-        world = 2
-    return [json.load(open(tmp_path / f"run.rank{r}.json")) for r in range(world)]
+def _check_run(r, strategy):
+    bf16, fp8, resumed = r["bf16"], r["fp8"], r["resume"]
+    assert fp8["strategy"] == strategy and fp8["precision"] == "fp8:torchao:tensorwise:emulated"
+    assert fp8["converted"] == [["2", "4"]] and "Float8Linear" in fp8["modules"]
+    assert bf16["final"] < 0.05 * r["initial"] and fp8["final"] < 0.05 * r["initial"], r
+    assert abs(fp8["final"] - bf16["final"]) <= 0.25 * bf16["final"], (fp8["final"], bf16["final"])
+    # resume: the steps after load_state are the uninterrupted run's, bit for bit
+    assert len(resumed["losses"]) == 80 - 50
+    assert resumed["losses"] == fp8["losses"][50:]
+    assert resumed["final"] == fp8["final"]
+    assert resumed["digest"] == fp8["digest"]
+
+
+def test_emulated_fp8_training_single_process_converges_like_bf16_and_resumes_exactly(tmp_path):
+    spec = importlib.util.spec_from_file_location("fp8_train", os.path.join(ROOT, "tests/scripts/fp8_train.py"))
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    worker.main(["--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "run")])
+    _check_run(json.load(open(tmp_path / "run.single.rank0.json")), "single")
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory):
+    """One torchrun launch (2 gloo processes) trains under ddp, then fsdp when installed."""
+    tmp = tmp_path_factory.mktemp("fp8_two_process")
+    strategies = "ddp,fsdp" if HAS_FSDP else "ddp"
+    run_torchrun(os.path.join(ROOT, "tests/scripts/fp8_train.py"), 2,
+                 ["--strategies", strategies, "--batch-size", "8", "--ckpt", str(tmp / "ckpt"), "--out", str(tmp / "run")],
+                 timeout=400).check()
+    return {s: [json.load(open(tmp / f"run.{s}.rank{r}.json")) for r in range(2)] for s in strategies.split(",")}
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("strategy", [
-    "single",
-    "ddp",
-    pytest.param("fsdp", marks=pytest.mark.skipif(not HAS_FSDP, reason="torchbay-fsdp (plugins/fsdp) is not installed")),
-])
-def test_emulated_fp8_training_converges_like_bf16_and_resumes_exactly(tmp_path, script, strategy):
-    results = _train(tmp_path, script, strategy)
-    for r in results:
-        bf16, fp8, resumed = r["bf16"], r["fp8"], r["resume"]
-        assert fp8["strategy"] == strategy and fp8["precision"] == "fp8:torchao:tensorwise:emulated"
-        assert fp8["converted"] == [["2", "4"]] and "Float8Linear" in fp8["modules"]
-        assert bf16["final"] < 0.05 * r["initial"] and fp8["final"] < 0.05 * r["initial"], r
-        assert abs(fp8["final"] - bf16["final"]) <= 0.25 * bf16["final"], (fp8["final"], bf16["final"])
-        # resume: the steps after load_state are the uninterrupted run's, bit for bit
-        assert len(resumed["losses"]) == 80 - 50
-        assert resumed["losses"] == fp8["losses"][50:]
-        assert resumed["final"] == fp8["final"]
-        assert resumed["digest"] == fp8["digest"]
-    if strategy != "single":
-        assert results[0]["fp8"]["losses"] == results[1]["fp8"]["losses"]  # reduced across ranks
-    if strategy == "fsdp":
-        fp8 = results[0]["fp8"]
-        assert fp8["fsdp_float8_weights"] == ["0:2.weight", "0:4.weight"], "weights not all-gathered in FP8"
-        assert fp8["scale_precomputations"] == 80  # after every optimizer step
-        assert results[0]["resume"]["scale_precomputations"] == 30 + 1  # + once after load_state
+def test_emulated_fp8_ddp_two_processes_converges_like_bf16_and_resumes_exactly(two_process_runs):
+    ranks = two_process_runs["ddp"]
+    for r in ranks:
+        _check_run(r, "ddp")
+    assert ranks[0]["fp8"]["losses"] == ranks[1]["fp8"]["losses"]  # reduced across ranks
+    assert ranks[0]["fp8"]["digest"] == ranks[1]["fp8"]["digest"]  # replicas stay identical
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not HAS_FSDP, reason="torchbay-fsdp (plugins/fsdp) is not installed")
+def test_emulated_fp8_fsdp2_two_processes_all_gathers_fp8_and_resumes_exactly(two_process_runs):
+    ranks = two_process_runs["fsdp"]
+    for r in ranks:
+        _check_run(r, "fsdp")
+        assert r["fp8"]["fsdp_float8_weights"] == ["0:2.weight", "0:4.weight"], "weights not all-gathered in FP8"
+        assert r["fp8"]["scale_precomputations"] == 80  # after every optimizer step
+        assert r["resume"]["scale_precomputations"] == 30 + 1  # and once after load_state
+    assert ranks[0]["fp8"]["losses"] == ranks[1]["fp8"]["losses"]
 
 
 # --- Transformer Engine -----------------------------------------------------------------------

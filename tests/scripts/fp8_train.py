@@ -1,12 +1,14 @@
 """Worker for tests/test_fp8.py: a small regression trained through the public API, three ways
-in one process (single, DDP or FSDP2, whatever the launch and --strategy say):
+in one process, for each strategy of ``--strategies`` (comma-separated: ``single``, or
+``ddp,fsdp`` under torchrun, sharing one process group):
 
 1. ``bf16``: the reference run, ``--steps`` optimizer steps;
 2. ``fp8``: torchao FP8 (emulated on CPU) for ``--steps`` steps, ``save_state`` after ``--save-at``;
 3. ``resume``: a fresh Accelerator, model, optimizer and loader, ``load_state`` and finish.
 
-Writes ``<out>.rank<r>.json`` with each run's losses, final full-data loss, the converted
-modules and a digest of the final weights.
+Writes ``<out>.<strategy>.rank<r>.json`` with each run's losses, final full-data loss, the
+converted modules and a digest of the final weights. ``main(argv)`` is importable so that the
+single-process case can run inside the test process.
 """
 
 import argparse
@@ -19,23 +21,27 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from torchbay import Accelerator
 
-p = argparse.ArgumentParser()
-p.add_argument("--strategy", default="auto")
-p.add_argument("--steps", type=int, default=80)
-p.add_argument("--save-at", type=int, default=50)
-p.add_argument("--batch-size", type=int, default=16)
-p.add_argument("--ckpt", required=True)
-p.add_argument("--out", required=True)
-p.add_argument("--recipe", default="tensorwise")
-args = p.parse_args()
-logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-
-FP8 = {"backend": "torchao", "recipe": args.recipe, "engine_options": {"emulate": True}}
 HIDDEN = 64
 N = 512
-gen = torch.Generator().manual_seed(0)
-X = torch.randn(N, 16, generator=gen)
-Y = torch.sin(X @ torch.randn(16, 1, generator=gen) / 4) + 0.05 * torch.randn(N, 1, generator=gen)
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--strategies", default="single")
+    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--save-at", type=int, default=50)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--recipe", default="tensorwise")
+    return p.parse_args(argv)
+
+
+def data():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(N, 16, generator=gen)
+    y = torch.sin(x @ torch.randn(16, 1, generator=gen) / 4) + 0.05 * torch.randn(N, 1, generator=gen)
+    return x, y
 
 
 def build_model():
@@ -66,17 +72,19 @@ def digest(acc, model):
     return h.hexdigest()
 
 
-def run(mixed_precision, save_at=None, resume=False):
-    acc = Accelerator(mixed_precision=mixed_precision, strategy=args.strategy, seed=0,
-                      config={"fp8": FP8} if mixed_precision == "fp8" else None)
+def run(args, strategy, mixed_precision, ckpt, save_at=None, resume=False):
+    fp8 = {"backend": "torchao", "recipe": args.recipe, "engine_options": {"emulate": True}}
+    acc = Accelerator(mixed_precision=mixed_precision, strategy=strategy, seed=0,
+                      config={"fp8": fp8} if mixed_precision == "fp8" else None)
+    x, y = data()
     model = build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    loader = DataLoader(TensorDataset(X, Y), batch_size=args.batch_size, shuffle=True)
+    loader = DataLoader(TensorDataset(x, y), batch_size=args.batch_size, shuffle=True)
     model, optimizer, loader = acc.prepare(model, optimizer, loader)
     progress = Progress()
     acc.register_for_checkpointing(progress)
     if resume:
-        acc.load_state(args.ckpt)
+        acc.load_state(ckpt)
     losses = []
     start_epoch, skip = divmod(progress.steps, len(loader))
     for epoch in range(start_epoch, 1000):
@@ -89,27 +97,40 @@ def run(mixed_precision, save_at=None, resume=False):
             losses.append(acc.reduce(loss.detach(), "mean").item())
             progress.steps += 1
             if save_at is not None and progress.steps == save_at:
-                acc.save_state(args.ckpt)
+                acc.save_state(ckpt)
             if progress.steps == args.steps:
                 break
         if progress.steps == args.steps:
             break
     with torch.no_grad():
-        final = torch.nn.functional.mse_loss(model(X).float(), Y).item()
-    out = {"losses": losses, "final": final, "digest": digest(acc, model), "precision": acc.precision.describe(),
-           "converted": getattr(acc.precision, "converted", None), "strategy": acc.strategy.name,
+        final = torch.nn.functional.mse_loss(model(x).float(), y).item()
+    precision = acc.precision
+    out = {"losses": losses, "final": final, "digest": digest(acc, model), "precision": precision.describe(),
+           "converted": getattr(precision, "converted", None), "strategy": acc.strategy.name,
            "world": acc.num_processes, "rank": acc.process_index,
-           "fsdp_float8_weights": acc.precision.fsdp_float8_weights() if mixed_precision == "fp8" else [],
-           "scale_precomputations": getattr(acc.precision, "scale_precomputations", 0),
+           "fsdp_float8_weights": precision.fsdp_float8_weights() if mixed_precision == "fp8" else [],
+           "scale_precomputations": getattr(precision, "scale_precomputations", 0),
            "modules": sorted({type(m).__name__ for m in acc.unwrap_model(model).modules()})}
     return acc, out
 
 
-acc_bf16, bf16 = run("bf16")
-with torch.no_grad():
-    initial = torch.nn.functional.mse_loss(build_model()(X), Y).item()
-acc_fp8, fp8 = run("fp8", save_at=args.save_at)
-acc_resume, resumed = run("fp8", resume=True)
-with open(f"{args.out}.rank{acc_fp8.process_index}.json", "w") as f:
-    json.dump({"initial": initial, "bf16": bf16, "fp8": fp8, "resume": resumed}, f)
-acc_resume.end_training()
+def main(argv=None):
+    args = parse(argv)
+    last = None
+    for strategy in args.strategies.split(","):
+        ckpt = f"{args.ckpt}.{strategy}"
+        _, bf16 = run(args, strategy, "bf16", ckpt)
+        with torch.no_grad():
+            x, y = data()
+            initial = torch.nn.functional.mse_loss(build_model()(x), y).item()
+        acc, fp8 = run(args, strategy, "fp8", ckpt, save_at=args.save_at)
+        last, resumed = run(args, strategy, "fp8", ckpt, resume=True)
+        with open(f"{args.out}.{strategy}.rank{acc.process_index}.json", "w") as f:
+            json.dump({"initial": initial, "bf16": bf16, "fp8": fp8, "resume": resumed}, f)
+    if last is not None and last.num_processes > 1:
+        last.end_training()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    main()
