@@ -110,6 +110,20 @@ def test_cpu_ram_efficient_loading_from_rank0_with_meta_model_elsewhere(trained)
     assert meta["buffer"] == [0.5] * 4  # a non-persistent buffer reaches the meta-built rank too
 
 
+@pytest.mark.multiprocess
+def test_bf16_becomes_the_fsdp_mixed_precision_policy_and_fp16_uses_a_sharded_scaler(trained):
+    _, result = trained
+    bf16 = result["bf16"]
+    assert bf16["fsdp"]["compute_dtype"] == "torch.bfloat16"  # gathered in bf16 (MixedPrecisionPolicy)
+    assert bf16["fsdp"]["stored_dtype"] == "torch.float32"  # sharded master weights stay fp32
+    assert bf16["ddp"]["compute_dtype"] == "torch.float32"  # DDP: autocast casts inside each op
+    # bf16 rounds differently in the two (casts before vs inside ops): compare at bf16 precision
+    _close(bf16["fsdp"]["losses"], bf16["ddp"]["losses"], 2e-2)
+    fp16 = result["fp16"]
+    assert fp16["scaler"] == "ShardedGradScaler"  # ranks agree on inf/nan, so they skip the same steps
+    assert all(torch.isfinite(torch.tensor(fp16["losses"])))
+
+
 # --- sharded checkpoints ---------------------------------------------------------------------
 
 
@@ -275,10 +289,31 @@ def test_memory_estimate_divides_parameters_gradients_and_optimizer_by_world():
     assert {"strategy": "fsdp", "parameters": 1000, "gradients": 1000, "optimizer": 2000} in estimates
 
 
-@pytest.mark.skip(reason="FSDP1 (fsdp.version: 1) needs an accelerator (cuda, xpu, npu or hpu) with its torchbay "
-                         "device plugin; this machine has only cpu")
-def test_fsdp1_on_an_accelerator():  # pragma: no cover
-    pass
+def _accelerator_for_fsdp1() -> tuple[str | None, str]:
+    """The torch type of an accelerator that a torchbay device plugin serves here, or why none."""
+    if not torch.accelerator.is_available():
+        return None, ("FSDP1 (fsdp.version: 1) needs an accelerator (cuda, xpu, npu or hpu); torch finds none on "
+                      "this machine (cpu only)")
+    kind = torch.accelerator.current_accelerator().type
+    from torchbay.plugins import get_plugin_manager
+
+    devices = get_plugin_manager().registries()["devices"]
+    name = next((n for n, cls in devices.items() if cls.torch_type() == kind and cls.is_available()), None)
+    if name is None:
+        return None, f"FSDP1 needs the torchbay device plugin for '{kind}' (pip install torchbay-{kind})"
+    return name, ""
+
+
+@pytest.mark.multiprocess
+def test_fsdp1_on_an_accelerator_matches_single_and_round_trips_a_checkpoint(tmp_path):
+    device, reason = _accelerator_for_fsdp1()
+    if device is None:
+        pytest.skip(reason)
+    run_torchrun(str(_scripts() / "fsdp_v1.py"), 1, ["--out", str(tmp_path)], env={"FSDP_TEST_DEVICE": device},
+                 timeout=300).check()
+    result = json.loads((tmp_path / "result_v1.json").read_text())
+    _close(result["losses"], result["ref_losses"], 1e-4)
+    assert result["weights_max_diff"] <= 1e-4
 
 
 def _scripts():

@@ -29,6 +29,7 @@ def train(acc, model, opt, steps, start=0, accum=1, clip=None, save_at=None, sav
         step_loss = []
         for micro in range(accum):
             x, y = local_batch(step * accum + micro, acc.process_index, acc.num_processes)
+            x, y = x.to(acc.device), y.to(acc.device)
             with acc.accumulate(model):
                 out = model(x)
                 loss = torch.nn.functional.mse_loss(out, y)
@@ -118,6 +119,28 @@ def main():
                                                            full_state(acc, model)),
                               "output_max_diff": (got - expected).abs().max().item(),
                               "buffer": model.out_scale.tolist()}
+
+    # --- precision plugins compose: bf16 -> MixedPrecisionPolicy, fp16 -> a sharded scaler ---
+    result["bf16"] = {}
+    for name in ("ddp", "fsdp"):
+        acc = Accelerator(strategy=name, seed=0, mixed_precision="bf16",
+                          config={"fsdp": {"transformer_layer_cls_to_wrap": ["Block"]}} if name == "fsdp" else None)
+        model = make_model()
+        seen = []
+        model.blocks[0].up.register_forward_pre_hook(lambda m, args: seen.append(str(m.weight.dtype)))
+        opt = torch.optim.AdamW(model.parameters(), lr=LR)
+        model, opt = acc.prepare(model, opt)
+        losses, _ = train(acc, model, opt, 3)
+        result["bf16"][name] = {"losses": losses, "compute_dtype": seen[0],
+                                "stored_dtype": str(next(acc.unwrap_model(model).parameters()).dtype)}
+    acc = Accelerator(strategy="fsdp", seed=0, mixed_precision="fp16",
+                      config={"fsdp": {"transformer_layer_cls_to_wrap": ["Block"]}})
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    model, opt = acc.prepare(model, opt)
+    losses, norms = train(acc, model, opt, 3, clip=1.0)
+    result["fp16"] = {"scaler": type(acc.precision.scaler).__name__, "losses": losses, "norms": norms,
+                      "skipped": acc.optimizer_step_was_skipped}
 
     if ddp.is_main_process:
         write_json(os.path.join(out, "result_train.json"), result)
