@@ -1,0 +1,222 @@
+"""``torchbay launch`` with real processes: N ranks really start, failures end the whole job fast,
+the rank that failed first is named, nothing is left behind; allocations are read, not guessed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from torchbay.cli.main import main
+from torchbay.testing.processes import free_port
+
+HERE = Path(__file__).parent
+SCRIPTS = HERE / "scripts"
+TORCHBAY = [sys.executable, "-m", "torchbay.cli.main"]
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHBAY_", "SLURM_", "OMPI_", "PMI_"))}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    env.update(OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def processes_mentioning(marker: str) -> list[tuple[int, str]]:
+    """Live processes whose command line contains ``marker`` (read from /proc, no psutil)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        cmd = raw.replace(b"\0", b" ").decode(errors="replace")
+        if marker in cmd and state != "Z":
+            found.append((int(entry), cmd))
+    return found
+
+
+def launch(args, timeout=180, **env):
+    return subprocess.run([*TORCHBAY, "launch", *args], capture_output=True, text=True, timeout=timeout,
+                          env=_env(**env), cwd=str(HERE))
+
+
+def read_ranks(out_dir: Path, n: int) -> list[dict]:
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_cpu_launch_really_runs_n_ranks(tmp_path, n):
+    config = tmp_path / "cfg.yaml"
+    config.write_text("gradient_accumulation_steps: 3\nseed: 1\n")
+    result = launch([f"--num-processes={n}", "--config-file", str(config), "--seed", "7", "--mixed-precision", "bf16",
+                     str(SCRIPTS / "cli_ranks.py"), str(tmp_path), "--seed", "99", "--num-processes", "5"],
+                    CLI_TEST_FAKE_ENV="inherited")
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = read_ranks(tmp_path, n)
+    assert sorted(r["rank"] for r in ranks) == list(range(n))
+    assert {r["world"] for r in ranks} == {n}
+    assert len({r["pid"] for r in ranks}) == n, "each rank is its own process"
+    assert all(r["sum"] == sum(range(n)) for r in ranks), "a real gloo all_reduce across all n processes"
+    # the resolved config reaches each worker as one value; Accelerator() took no arguments
+    assert all(r["has_resolved_env"] for r in ranks)
+    assert {(r["mixed_precision"], r["gradient_accumulation_steps"], r["seed"]) for r in ranks} == {("bf16", 3, 7)}
+    assert {(r["seed_source"], r["steps_source"]) for r in ranks} == {("cli", "file")}
+    assert {r["strategy"] for r in ranks} == {"ddp"}
+    # arguments after the script are the script's, even when they look like torchbay flags
+    assert ranks[0]["argv"] == ["--seed", "99", "--num-processes", "5"]
+    # the plan line says where the process count came from
+    assert f"{n} processes on 1 machine" in result.stderr and "--num-processes" in result.stderr
+    assert not processes_mentioning(str(tmp_path))
+
+
+def _wait_for(paths, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if all(p.exists() and p.read_text() for p in paths):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {paths}")
+
+
+def test_crashing_rank_is_named_first_and_every_rank_stops(tmp_path):
+    start = time.time()
+    result = launch(["--num-processes", "3", str(SCRIPTS / "cli_fail.py"), str(tmp_path), "raise", "1"])
+    ended = time.time()
+    failed_at = float((tmp_path / "failed_at").read_text())
+    assert result.returncode == 1, result.stderr[-3000:]
+    report = result.stderr[result.stderr.index("torchbay launch: rank"):]
+    assert report.startswith("torchbay launch: rank 1 failed first"), report
+    assert "ValueError: deliberate failure on rank 1" in report
+    assert 'cli_fail.py", line' in report, "the first failure's traceback is shown"
+    assert "_worker.py" not in report.split("then:")[0], "the launcher's own frames are trimmed"
+    # the other ranks died of the broken collective afterwards, and are named as consequences
+    then = report.split("then:", 1)[1]
+    assert "rank 0" in then and "rank 2" in then
+    assert ended - failed_at < 15, f"the job took {ended - failed_at:.1f}s to end after the failure"
+    assert not processes_mentioning(str(tmp_path)), "no rank may outlive the launcher"
+    assert ended - start < 170
+
+
+def test_killed_rank_ends_the_job(tmp_path):
+    proc = subprocess.Popen([*TORCHBAY, "launch", "-q", "--num-processes", "2", str(SCRIPTS / "cli_fail.py"),
+                             str(tmp_path), "kill", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(), cwd=str(HERE))
+    try:
+        _wait_for([tmp_path / "pid0", tmp_path / "pid1"])
+        time.sleep(0.5)
+        victim = int((tmp_path / "pid1").read_text())
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+        ended = time.time()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGKILL, err[-3000:]
+    assert f"rank 1 failed first (killed by signal SIGKILL" in err, err[-3000:]
+    assert f"pid {victim}" in err
+    assert ended - killed_at < 15, f"the job took {ended - killed_at:.1f}s to end after the kill"
+    assert not processes_mentioning(str(tmp_path))
+
+
+def test_inside_an_allocation_each_task_becomes_its_rank(tmp_path):
+    """``srun -n 2 torchbay launch script`` (simulated): SLURM started the processes; torchbay
+    must not start more: each task becomes its rank, with the layout read from the allocation."""
+    procs = []
+    for rank in range(2):
+        env = _env(SLURM_JOB_ID="4242", SLURM_JOB_NAME="train", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank),
+                   SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NODELIST="node[3-4]")
+        procs.append(subprocess.Popen([*TORCHBAY, "launch", str(SCRIPTS / "cli_env.py"), str(tmp_path)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                      cwd=str(HERE)))
+    outputs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    tasks = [json.loads((tmp_path / f"task{r}.json").read_text()) for r in range(2)]
+    for rank, task in enumerate(tasks):
+        assert (task["RANK"], task["WORLD_SIZE"], task["LOCAL_RANK"]) == (str(rank), "2", str(rank))
+        assert (task["MASTER_ADDR"], task["MASTER_PORT"]) == ("node3", str(10000 + 4242))
+        assert task["has_resolved_env"]
+        # the worker imports nothing the script does not (no torch for a script without it)
+        assert task["modules"] == []
+    # each task *is* its rank: the launcher replaced itself by the worker (same pid), no child
+    assert [t["pid"] for t in tasks] == [p.pid for p in procs]
+    assert "2 processes on 1 machine" in outputs[0][1] and "slurm allocation" in outputs[0][1]
+
+
+# --- plans (no process started) --------------------------------------------------------------
+
+
+def dry_run(capsys, *args):
+    code = main(["launch", "--dry-run", *args, str(SCRIPTS / "cli_ranks.py")])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_says_where_each_number_came_from(capsys):
+    code, out, _ = dry_run(capsys, "--num-processes", "8", "--num-machines", "2", "--main-process-ip", "10.0.0.1",
+                           "--machine-rank", "1", "--max-restarts", "3")
+    assert code == 0
+    assert "num_processes = 8  (command line --num-processes)" in out
+    assert "nproc_per_node = 4  (--num-processes 8 / --num-machines 2)" in out
+    assert "machine_rank = 1  (command line --machine-rank)" in out
+    assert "--nnodes 2 --nproc-per-node 4 --max-restarts 3" in out
+    assert "--node-rank 1 --master-addr 10.0.0.1 --master-port 29500" in out
+
+
+def test_plan_from_file_and_env(capsys, tmp_path, monkeypatch):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("launch:\n  nproc_per_node: 3\n")
+    monkeypatch.setenv("TORCHBAY_LAUNCH__NUM_MACHINES", "2")
+    monkeypatch.setenv("TORCHBAY_LAUNCH__MAIN_PROCESS_IP", "node0")
+    code, out, _ = dry_run(capsys, "--config-file", str(cfg))
+    assert code == 0
+    assert "nproc_per_node = 3  (config file)" in out
+    assert "num_machines = 2  (environment TORCHBAY_LAUNCH__NUM_MACHINES)" in out
+    assert "num_processes = 6  (--nproc-per-node 3 x --num-machines 2)" in out
+
+
+def test_rendezvous_backend(capsys):
+    code, out, _ = dry_run(capsys, "--nproc-per-node", "2", "--num-machines", "4", "--rdzv-backend", "c10d",
+                           "--main-process-ip", "head", "--main-process-port", "29400")
+    assert code == 0
+    assert "--rdzv-backend c10d --rdzv-endpoint head:29400" in out
+
+
+def test_single_machine_picks_a_free_port_like_torchrun(capsys):
+    code, out, _ = dry_run(capsys, "--num-processes", "2")
+    assert code == 0 and "--master-port" not in out and "--nnodes 1 --nproc-per-node 2" in out
+
+
+def test_slurm_one_launcher_per_machine(capsys, monkeypatch):
+    for k, v in dict(SLURM_JOB_ID="1234", SLURM_JOB_NAME="train", SLURM_PROCID="1", SLURM_NODEID="1",
+                     SLURM_LOCALID="0", SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="1", SLURM_NNODES="2",
+                     SLURM_JOB_NODELIST="gpu[07-08]").items():
+        monkeypatch.setenv(k, v)
+    code, out, _ = dry_run(capsys, "--nproc-per-node", "4")
+    assert code == 0, out
+    assert "num_machines = 2  (the slurm allocation)" in out
+    assert "machine_rank = 1  (the slurm allocation)" in out
+    assert "main_process_ip = gpu07  (the slurm allocation)" in out
+    assert "main_process_port = 11234  (the slurm allocation)" in out
+    assert "num_processes = 8" in out
+
+
+def test_mpi_allocation_runs_in_place(capsys, monkeypatch):
+    for k, v in dict(OMPI_COMM_WORLD_RANK="3", OMPI_COMM_WORLD_SIZE="4", OMPI_COMM_WORLD_LOCAL_RANK="1",
+                     OMPI_COMM_WORLD_LOCAL_SIZE="2", MASTER_ADDR="head", MASTER_PORT="2222").items():
+        monkeypatch.setenv(k, v)
+    code, out, _ = dry_run(capsys)
+    assert code == 0
+    assert "mode = direct (processes started by openmpi)" in out
+    assert "num_processes = 4  (the openmpi allocation)" in out and "machine_rank = 1" in out
+    code, _, err = dry_run(capsys, "--num-processes", "8", "--nproc-per-node", "8")
+    assert code == 2 and "runs 2 tasks per machine" in err
