@@ -119,17 +119,20 @@ def cli_values(args: argparse.Namespace) -> dict[str, Any]:
             value = [part for item in value for part in str(item).split(",") if part]
         out[dotted] = value
     problems = []
+    set_keys = []
     for item in getattr(args, "_set", []) or []:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             problems.append(f"--set {item!r}: expected KEY=VALUE, e.g. --set dataloader.even_batches=false")
             continue
+        set_keys.append(key.strip())
         try:
             out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             out[key.strip()] = raw
     if problems:
         raise ConfigError(problems)
+    args._set_keys = set_keys
     return out
 
 
@@ -145,5 +148,7 @@ def resolve_from_args(args: argparse.Namespace, pm=None, environ=None):
 
 
 def flag_for(args: argparse.Namespace, dotted: str) -> str:
-    """The flag that sets ``dotted`` (for messages)."""
+    """The flag that set ``dotted`` (for messages): its own flag, or ``--set``."""
+    if any(dotted == k or dotted.startswith(k + ".") for k in getattr(args, "_set_keys", [])):
+        return f"--set {dotted}=..."
     return getattr(args, "_config_dests", {}).get(dotted, f"--set {dotted}=...")

@@ -52,11 +52,10 @@ def register(subparsers) -> None:
 def show_command(args: argparse.Namespace) -> int:
     import yaml
 
-    from torchbay.cli._options import resolve_from_args
+    from torchbay.cli._options import flag_for, resolve_from_args
     from torchbay.launcher import describe_source
 
     resolved = resolve_from_args(args)
-    flags = getattr(args, "_config_dests", {})
     if args.format == "json":
         payload: dict[str, Any] = {"config": resolved.config.model_dump(mode="json")}
         if args.sources:
@@ -69,7 +68,7 @@ def show_command(args: argparse.Namespace) -> int:
     flat = resolved.flat()
     width = max(len(k) for k in flat)
     for key, value in flat.items():
-        where = describe_source(resolved, key, flags.get(key))
+        where = describe_source(resolved, key, flag_for(args, key))
         if where == "config file" and getattr(args, "config_file", None):
             where = f"config file {args.config_file}"
         print(f"{key:<{width}} = {json.dumps(value)}  # {where}")
@@ -132,8 +131,11 @@ def import_command(args: argparse.Namespace) -> int:
 class Asker:
     """Asks on stdin; every question has a default (Enter keeps it)."""
 
-    def __init__(self, read: Callable[[str], str] = input, out=sys.stdout):
-        self.read, self.out = read, out
+    def __init__(self, read: Callable[[str], str] | None = None, out=None):
+        self._read, self.out = read, out or sys.stdout
+
+    def read(self, prompt: str) -> str:
+        return (self._read or input)(prompt)
 
     def ask(self, question: str, default: Any, choices: list[str] | None = None, cast: Callable = str) -> Any:
         from torchbay.errors import ConfigError
