@@ -23,7 +23,6 @@ import argparse
 import gc
 import json
 import logging
-import math
 import sys
 import time
 

@@ -152,10 +152,6 @@ def test_settings_an_engine_cannot_honour_are_all_reported_by_name():
     assert "needs strategy: fsdp" in str(err.value)
 
 
-class _FakeDeepSpeedSection:
-    pass
-
-
 def test_msamp_refuses_zero3_and_fsdp_from_the_config():
     from torchbay_fp8_msamp.precision import strategy_problems
 
@@ -166,6 +162,15 @@ def test_msamp_refuses_zero3_and_fsdp_from_the_config():
     assert strategy_problems(SimpleNamespace(strategy="deepspeed", deepspeed=SimpleNamespace(zero_stage=2))) == []
     assert strategy_problems(SimpleNamespace(strategy="deepspeed")) == []  # no section: nothing to read
     assert "strategy: fsdp" in strategy_problems(SimpleNamespace(strategy="fsdp"))[0]
+    ds_json = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"torchbay_fp8_ds_{os.getpid()}.json")
+    with open(ds_json, "w") as f:
+        json.dump({"zero_optimization": {"stage": 3}}, f)
+    try:
+        in_file = SimpleNamespace(strategy="deepspeed", deepspeed=SimpleNamespace(zero_stage=None, config={},
+                                                                                  deepspeed_config_file=ds_json))
+        assert strategy_problems(in_file)
+    finally:
+        os.remove(ds_json)
     assert strategy_problems(SimpleNamespace(strategy="ddp")) == []
 
 
@@ -257,6 +262,21 @@ def test_converted_modules_are_listed_and_separate_prepare_calls_train_them(capl
     acc.backward(loss)
     optimizer.step()
     assert not torch.equal(before, model[2].weight.detach()), "the optimizer did not update the FP8 layer"
+
+
+def test_load_state_refuses_a_checkpoint_that_converted_other_modules(tmp_path):
+    from torchbay.errors import CheckpointError
+
+    def prepared(exclude):
+        acc = Accelerator(mixed_precision="fp8", config={"fp8": {**EMULATED["fp8"], "exclude": exclude}})
+        model = mlp(32, 64, 64, 64, 8)
+        acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        return acc
+
+    prepared([]).save_state(str(tmp_path / "ckpt"))
+    with pytest.raises(CheckpointError, match="converted other Linear modules"):
+        prepared(["^4$"]).load_state(str(tmp_path / "ckpt"))
+    prepared([]).load_state(str(tmp_path / "ckpt"))
 
 
 def test_recipe_and_format_map_to_torchao_configs():
