@@ -202,6 +202,19 @@ def test_cuda_counts_without_a_context_and_validates_processes_per_gpu(pm, monke
     assert cls.unavailable_reason().startswith("no CUDA device: no NVIDIA GPU is visible (CUDA_VISIBLE_DEVICES='')")
 
 
+@pytest.mark.parametrize("name", ["npu", "mlu", "xpu", "hpu"])
+def test_more_processes_than_devices_is_refused_before_launch(pm, monkeypatch, name):
+    mod = plugin(name)
+    cls = backend(name)
+    monkeypatch.setattr(cls, "device_count", classmethod(lambda c: 2))
+    context = SimpleNamespace(device_backend_cls=cls, config=config_for(pm, name),
+                              cluster=SimpleNamespace(local_world_size=lambda: 3))
+    problems = mod.torchbay_validate(context=context)
+    assert problems and "3 processes per machine but only 2" in problems[0]
+    context.cluster = SimpleNamespace(local_world_size=lambda: 2)
+    assert not mod.torchbay_validate(context=context)
+
+
 def test_xpu_uses_ipex_only_when_versions_match(monkeypatch):
     mod = plugin("xpu")
     monkeypatch.setattr(mod.importlib.util, "find_spec", lambda name: object() if name == mod.IPEX else None)

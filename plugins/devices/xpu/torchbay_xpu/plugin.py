@@ -127,6 +127,17 @@ def torchbay_launch_env(config, local_world_size: int):
 
 
 @hookimpl
+def torchbay_validate(context):
+    if context.device_backend_cls is not XPUBackend:
+        return None
+    count, per_machine = XPUBackend.device_count(), context.cluster.local_world_size()
+    if count and per_machine > count:
+        return [f"device xpu: {per_machine} processes per machine but only {count} Intel GPU(s) visible; launch at "
+                f"most {count} processes per machine (or widen ZE_AFFINITY_MASK / xpu.visible_devices)"]
+    return None
+
+
+@hookimpl
 def torchbay_report_env():
     reason = XPUBackend.unavailable_reason()
     if reason:
