@@ -289,6 +289,44 @@ def test_memory_estimate_divides_parameters_gradients_and_optimizer_by_world():
     assert {"strategy": "fsdp", "parameters": 1000, "gradients": 1000, "optimizer": 2000} in estimates
 
 
+def _strategy(**fsdp):
+    context = _context(**{f"fsdp.{k}": v for k, v in fsdp.items()})
+    return context.strategy_cls(context)  # no process group: only the wrap policy is exercised
+
+
+def test_wrap_policies_choose_blocks_by_class_name_no_split_modules_or_size():
+    from torch import nn
+
+    from torchbay.errors import TorchbayError
+
+    sys.path.insert(0, str(_scripts()))
+    try:
+        from fsdp_common import Net
+    finally:
+        sys.path.pop(0)
+    model = Net()
+    names = lambda mods: [type(m).__name__ for m in mods]  # noqa: E731
+    assert names(_strategy(transformer_layer_cls_to_wrap=["Block"])._blocks(model)) == ["Block"] * 3
+    assert _strategy()._blocks(model) == []  # no class names and no _no_split_modules: root only
+    model._no_split_modules = ["Block"]  # the Hugging Face convention is the fallback
+    assert names(_strategy()._blocks(model)) == ["Block"] * 3
+    with pytest.raises(TorchbayError, match="'Blok'.*not found in Net"):
+        _strategy(transformer_layer_cls_to_wrap=["Blok"])._blocks(model)
+    # size, bottom-up: a Block holds 1,104 parameters, its Linears 544 and 528 (the rest of the model 212)
+    assert names(_strategy(wrap_policy="size", min_num_params=1000)._blocks(model)) == ["Block"] * 3
+    small = _strategy(wrap_policy="size", min_num_params=500)._blocks(model)
+    assert small == [m for b in model.blocks for m in (b.up, b.down)]  # then each Block's rest (32) is too small
+    assert _strategy(wrap_policy="none")._blocks(model) == []
+    assert isinstance(model.blocks, nn.ModuleList)
+
+
+def test_env_report_names_the_fsdp_plugin():
+    from torchbay.plugins import get_plugin_manager
+
+    reports = [r for r in get_plugin_manager().hook.torchbay_report_env() if r and "fsdp" in r]
+    assert reports and "FSDP2" in reports[0]["fsdp"] and torch.__version__ in reports[0]["fsdp"]
+
+
 def _accelerator_for_fsdp1() -> tuple[str | None, str]:
     """The torch type of an accelerator that a torchbay device plugin serves here, or why none."""
     if not torch.accelerator.is_available():
