@@ -44,7 +44,12 @@ def names_for(name: str) -> dict[str, str]:
 
 
 def _template(kind: str, filename: str) -> str:
-    return resources.files("torchbay").joinpath("templates", kind, filename).read_text(encoding="utf-8")
+    path = resources.files("torchbay").joinpath("templates", kind, filename)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TorchbayError(f"the template {kind}/{filename} is missing from this torchbay installation (it ships as "
+                            f"package data under torchbay/templates); reinstall torchbay") from None
 
 
 def scaffold_device_plugin(name: str, output: str | Path = ".", force: bool = False) -> Path:
