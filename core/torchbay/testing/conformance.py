@@ -33,7 +33,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import traceback
 from dataclasses import dataclass, field
