@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -29,13 +30,19 @@ def _torchbay_cmd() -> list[str]:
     return [found] if found else [sys.executable, "-m", "torchbay.cli.main"]
 
 
-def run_once(cmd: list[str], env: dict[str, str]) -> float:
-    start = time.perf_counter()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall time, and CPU time of the launcher and every process it started (less load-sensitive)."""
+    cpu0, start = _children_cpu(), time.perf_counter()
     proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, _children_cpu() - cpu0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return elapsed
+    return elapsed, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,18 +64,27 @@ def main(argv: list[str] | None = None) -> int:
     for cmd in commands.values():  # warm the page cache for both, not timed
         run_once(cmd, env)
     times: dict[str, list[float]] = {name: [] for name in commands}
+    cpus: dict[str, list[float]] = {name: [] for name in commands}
     for i in range(args.repeats):
         order = list(commands) if i % 2 == 0 else list(reversed(commands))
         for name in order:
-            times[name].append(run_once(commands[name], env))
+            wall, cpu = run_once(commands[name], env)
+            times[name].append(wall)
+            cpus[name].append(cpu)
     med = {name: statistics.median(values) for name, values in times.items()}
+    med_cpu = {name: statistics.median(values) for name, values in cpus.items()}
     ratio = med["torchbay launch"] / med["torchrun"]
-    print(f"no-op script, {args.nproc} processes, {args.repeats} interleaved repetitions, median wall time")
-    for name, values in times.items():
-        print(f"  {name:16s} median {med[name]:.3f} s   runs: " + ", ".join(f"{v:.2f}" for v in values))
-    print(f"  ratio torchbay/torchrun = {ratio:.3f} ({(ratio - 1) * 100:+.1f}%; target within +5%)")
+    ratio_cpu = med_cpu["torchbay launch"] / med_cpu["torchrun"]
+    print(f"no-op script, {args.nproc} processes, {args.repeats} interleaved repetitions, medians "
+          f"(load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    for name in commands:
+        print(f"  {name:16s} wall {med[name]:.3f} s  cpu {med_cpu[name]:.3f} s   wall runs: "
+              + ", ".join(f"{v:.2f}" for v in times[name]))
+    print(f"  ratio torchbay/torchrun: wall {ratio:.3f} ({(ratio - 1) * 100:+.1f}%; target within +5%), "
+          f"cpu {ratio_cpu:.3f} ({(ratio_cpu - 1) * 100:+.1f}%)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"times": times, "median": med, "ratio": ratio}, indent=2))
+        Path(args.json).write_text(json.dumps({"wall": times, "cpu": cpus, "median_wall": med, "median_cpu": med_cpu,
+                                               "ratio_wall": ratio, "ratio_cpu": ratio_cpu}, indent=2))
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
