@@ -298,6 +298,11 @@ def run_torchrun(plan: LaunchPlan, env: Mapping[str, str], target: str, target_a
         print(report, file=sys.stderr, flush=True)
         return code
     except Exception as exc:
+        sigval = getattr(exc, "sigval", None)
+        if type(exc).__name__ == "SignalException" and sigval is not None:
+            print(f"torchbay launch: stopped by signal {getattr(sigval, 'name', sigval)}; every process of the job "
+                  f"was stopped", file=sys.stderr, flush=True)
+            return 128 + int(sigval)
         if type(exc).__module__.startswith("torch.distributed.elastic"):
             raise LaunchError(f"the job could not run: {type(exc).__name__}: {exc}") from None
         raise

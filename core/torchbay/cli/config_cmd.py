@@ -220,7 +220,9 @@ def build_interactively(pm, asker: Asker) -> dict[str, Any]:
     devices = registries["devices"]
     available = sorted(name for name, cls in devices.items() if cls.is_available())
     tree: dict[str, Any] = {}
-    device = asker.ask("Which device?", "auto", ["auto", *available])
+    # a question only when there is a choice: one usable device is simply used
+    device = asker.ask("Which device?", "auto", ["auto", *available]) if len(available) > 1 else (
+        available[0] if available else "auto")
     tree["device"] = device
     device_cls = devices.get(device) if device != "auto" else max(
         (devices[n] for n in available), key=lambda c: c.priority, default=None)
