@@ -149,6 +149,7 @@ def test_load_state_into_2_and_1_processes_continues_like_uninterrupted_run(trai
     _close(resumed["losses"], result["uninterrupted_losses"], atol)
     assert resumed["weights_max_diff"] <= atol
     assert resumed["local_numel"] * world == resumed["numel"]
+    assert resumed["from_ddp_max_diff"] == 0.0  # a ddp checkpoint's full weights load into the shards
 
 
 @pytest.mark.multiprocess

@@ -24,10 +24,17 @@ def main():
     acc.load_state(os.path.join(out, "ckpt"))
     losses, _ = train(acc, model, opt, K, start=S)
     state = full_state(acc, model)
+
+    # full weights saved by ddp load into a sharded model too
+    other = Accelerator(strategy="fsdp", config={"fsdp": {"transformer_layer_cls_to_wrap": ["Block"]}})
+    sharded = other.prepare(make_model(seed=99))
+    other.load_state(os.path.join(out, "ddp_ckpt"))
+    from_ddp = full_state(other, sharded)
     if acc.is_main_process:
+        from_ddp_diff = max_diff({k: v.float() for k, v in make_model(seed=5).state_dict().items()}, from_ddp)
         expected = torch.load(os.path.join(out, "uninterrupted.pt"), weights_only=True)
         write_json(os.path.join(out, f"result_resume_{acc.num_processes}.json"),
-                   {"losses": losses, "weights_max_diff": max_diff(expected, state),
+                   {"losses": losses, "weights_max_diff": max_diff(expected, state), "from_ddp_max_diff": from_ddp_diff,
                     "local_numel": sum(p.to_local().numel() for p in model.parameters()),
                     "numel": sum(p.numel() for p in model.parameters())})
     acc.end_training()

@@ -63,6 +63,11 @@ def main():
     ddp_state = full_state(ddp, model)
     ddp.save_model(model, os.path.join(out, "ddp_model"))
 
+    # a checkpoint of full weights (ddp, model only) for fsdp_resume.py to load into fsdp
+    other = Accelerator(strategy="ddp")
+    other.prepare(make_model(seed=5))
+    other.save_state(os.path.join(out, "ddp_ckpt"))
+
     acc = Accelerator(strategy="fsdp", seed=0, config={"fsdp": {"transformer_layer_cls_to_wrap": ["Block"]}})
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=LR)  # built before sharding: prepare must remap it

@@ -87,9 +87,14 @@ class FSDPStrategy(Strategy):
         if self.world_size > 1 or self.distributed:
             return super().setup_environment(timeout_s)
         backend = self.context.config.process_group_backend or self.device_backend.dist_backend()
-        kwargs: dict[str, Any] = {}
-        if self.device_backend.torch_type() != "cpu":
-            kwargs["device_id"] = self.device_backend.device
+        if hasattr(self.device_backend, "process_group_kwargs"):
+            kwargs: dict[str, Any] = dict(self.device_backend.process_group_kwargs())
+        else:
+            kwargs = {"device_id": self.device_backend.device} if self.device_backend.torch_type() != "cpu" else {}
+        if timeout_s:
+            import datetime
+
+            kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
         self.owns_process_group = True
 
@@ -390,31 +395,31 @@ class FSDPStrategy(Strategy):
                                                              get_optimizer_state_dict, set_model_state_dict,
                                                              set_optimizer_state_dict)
 
+        sharded = [(directory / model_dir(i) / ".metadata").exists() for i in range(len(models))]
+        for i, is_sharded in enumerate(sharded):  # check every part before changing anything
+            if not is_sharded and not io.exists(directory, f"model_{i}"):
+                raise CheckpointError(f"model {i}: neither {model_dir(i)}/ (sharded) nor model_{i} weights are in "
+                                      f"{directory}")
+        for j in range(len(optimizers)):
+            if not (directory / optimizer_dir(j) / ".metadata").exists():
+                hint = (" (the checkpoint was saved by a strategy that does not shard: its optimizer state is keyed "
+                        "by position and cannot be resharded)" if (directory / f"optimizer_{j}.pt").exists() else "")
+                raise CheckpointError(f"optimizer {j}: {optimizer_dir(j)}/ is missing from {directory}{hint}")
         for i, model in enumerate(models):
-            path = directory / model_dir(i)
             try:
-                if (path / ".metadata").exists():
+                if sharded[i]:
                     state = get_model_state_dict(model)
-                    dcp.load(state, checkpoint_id=str(path))
+                    dcp.load(state, checkpoint_id=str(directory / model_dir(i)))
                     set_model_state_dict(model, state)
-                elif io.exists(directory, f"model_{i}"):
+                else:
                     full = io.load_state_dict(directory, f"model_{i}", device="cpu") if self.rank == 0 else {}
                     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True,
                                                                               broadcast_from_rank0=True))
-                else:
-                    raise CheckpointError(f"model {i}: neither {model_dir(i)}/ (sharded) nor model_{i} weights are in "
-                                          f"{directory}")
-            except CheckpointError:
-                raise
             except Exception as exc:
                 raise CheckpointError(f"model {i} in {directory} does not fit the prepared model: "
                                       f"{type(exc).__name__}: {exc}") from exc
         for j, opt in enumerate(optimizers):
             path = directory / optimizer_dir(j)
-            if not (path / ".metadata").exists():
-                hint = (" (the checkpoint was saved by a strategy that does not shard: its optimizer state is keyed "
-                        "by position and cannot be resharded)" if (directory / f"optimizer_{j}.pt").exists() else "")
-                raise CheckpointError(f"optimizer {j}: {optimizer_dir(j)}/ is missing from {directory}{hint}")
             raw = getattr(opt, "optimizer", opt)
             owner = self._owner(raw, models)
             try:
