@@ -40,7 +40,8 @@ def test_two_process_ddp_matches_one_process(tmp_path, script):
 def test_resume_mid_epoch_is_exact(tmp_path, script, world):
     # 40 samples, batch 4 (x world) -> 10 (5) micro-batches per epoch: stop mid-epoch 2
     steps, stop = (16, 12) if world == 1 else (9, 7)
-    common = ["--ga", "2", "--steps", str(steps), "--batch-size", "4"]
+    # dropout draws from the global RNG: resume must restore it and data loading must not disturb it
+    common = ["--ga", "2", "--steps", str(steps), "--batch-size", "4", "--dropout", "0.2"]
     run = (lambda a: run_python(script("core_train.py"), a)) if world == 1 else \
         (lambda a: run_torchrun(script("core_train.py"), 2, a))
     run(common + ["--out", str(tmp_path / "full")]).check()

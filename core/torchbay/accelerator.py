@@ -86,7 +86,7 @@ class Accelerator:
 
         self.device_backend = self.context.device_backend_cls(self.context.cluster.local_rank())
         self.context.device_backend = self.device_backend
-        self.device_backend.set_current() if self.device_backend.torch_type() != "cpu" else None
+        self.device_backend.set_current()
         self.strategy = self.context.strategy_cls(self.context)
         self.context.strategy = self.strategy
         self.strategy.setup_environment(timeout_s=self.config.process_group_timeout_s)
@@ -468,6 +468,10 @@ def _split(inputs: Any, num: int, index: int, pad: bool) -> Any:
 
 
 _live: "weakref.WeakSet[Accelerator]" = weakref.WeakSet()
+
+
+def live_device_backends() -> list[Any]:
+    return [acc.device_backend for acc in list(_live)]
 
 
 @atexit.register

@@ -185,6 +185,7 @@ class PreparedDataLoader:
         self.accelerator = accelerator
         cfg = accelerator.config.dataloader
         num, index = accelerator.num_processes, accelerator.process_index
+        self.seed = seed
         self.epoch = 0  # the epoch the next iteration serves
         self.batches_yielded = 0
         self.in_epoch = False
@@ -195,6 +196,8 @@ class PreparedDataLoader:
         if dataloader.num_workers == 0:
             kwargs.pop("prefetch_factor", None)
             kwargs.pop("persistent_workers", None)
+        # iterators draw worker seeds from this, not from the global RNG the user's loop relies on
+        kwargs["generator"] = self.generator = torch.Generator().manual_seed(seed)
         dataset = dataloader.dataset
         self.dispatcher: BatchDispatcher | None = None
         if cfg.dispatch_batches and num > 1:
@@ -248,6 +251,7 @@ class PreparedDataLoader:
         return self._iterate(skip=0)
 
     def _iterate(self, skip: int):
+        self.generator.manual_seed(self.seed + self.epoch)
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(self.epoch)
         if self.batch_sampler is not None:
@@ -281,10 +285,14 @@ class PreparedDataLoader:
 
     # -- resume -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batches_yielded": self.batches_yielded if self.in_epoch else 0}
+        return {"epoch": self.epoch, "batches_yielded": self.batches_yielded if self.in_epoch else 0,
+                "seed": self.seed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch = int(state["epoch"])
+        self.seed = int(state.get("seed", self.seed))
+        if isinstance(self.sampler, SeedableRandomSampler):
+            self.sampler.seed = self.seed
         self.batches_yielded = int(state.get("batches_yielded", 0))
         self.in_epoch = False
 

@@ -39,6 +39,8 @@ class DeviceBackend:
     compile_backend: ClassVar[str] = "inductor"
     supports_fp16_autocast: ClassVar[bool] = True
     supports_bf16_autocast: ClassVar[bool] = True
+    #: False for devices that run one process per machine at most
+    multi_process: ClassVar[bool] = True
 
     def __init__(self, local_rank: int = 0):
         self.load_runtime()
@@ -100,6 +102,14 @@ class DeviceBackend:
         return torch.distributed.get_default_backend_for_device(cls.torch_type())
 
     # -- per-process operations ---------------------------------------------------------
+    def process_group_kwargs(self) -> dict[str, Any]:
+        """Extra ``init_process_group`` arguments (``device_id`` binds the group to this device)."""
+        return {"device_id": self.device}
+
+    def ddp_device_ids(self) -> list[int] | None:
+        """``device_ids`` for DistributedDataParallel."""
+        return [self.index]
+
     @property
     def module(self):
         return torch.get_device_module(self.torch_type())

@@ -82,8 +82,7 @@ class Strategy:
         if timeout_s:
             kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
         backend = self.context.config.process_group_backend or self.device_backend.dist_backend()
-        if self.device_backend.torch_type() != "cpu":
-            kwargs["device_id"] = self.device_backend.device
+        kwargs.update(self.device_backend.process_group_kwargs())
         dist.init_process_group(backend=backend, rank=self.rank, world_size=self.world_size, **kwargs)
         self.owns_process_group = True
 

@@ -18,6 +18,10 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds the current accelerator's generators
+    from torchbay.accelerator import live_device_backends
+
+    for backend in live_device_backends():  # devices whose generators torch.manual_seed does not reach
+        backend.manual_seed(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
 

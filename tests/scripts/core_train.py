@@ -23,6 +23,7 @@ p.add_argument("--split-batches", action="store_true")
 p.add_argument("--ckpt", default="")
 p.add_argument("--out", required=True)
 p.add_argument("--mixed-precision", default="no")
+p.add_argument("--dropout", type=float, default=0.0, help="> 0 makes training draw from the global RNG")
 args = p.parse_args()
 
 
@@ -44,7 +45,8 @@ n = 40
 x = torch.randn(n, 8)
 y = x @ torch.randn(8, 1) + 0.1 * torch.randn(n, 1)
 dataset = TensorDataset(torch.arange(n), x, y)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Dropout(args.dropout),
+                            torch.nn.Linear(16, 1))
 optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
 loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)
 progress = Progress()

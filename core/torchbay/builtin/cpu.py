@@ -47,6 +47,12 @@ class CPUBackend(DeviceBackend):
     def set_current(self) -> None:
         pass
 
+    def process_group_kwargs(self) -> dict:
+        return {}
+
+    def ddp_device_ids(self) -> None:
+        return None
+
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 

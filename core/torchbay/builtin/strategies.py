@@ -28,8 +28,9 @@ class DDPStrategy(Strategy):
             return model
         handler = self.context.extras.get("kwargs_handlers", {}).get(DistributedDataParallelKwargs)
         kwargs = handler.to_kwargs() if handler else {}
-        if self.device_backend.torch_type() != "cpu":
-            kwargs["device_ids"] = [self.device_backend.index]
+        device_ids = self.device_backend.ddp_device_ids()
+        if device_ids is not None:
+            kwargs["device_ids"] = device_ids
         return DistributedDataParallel(model, **kwargs)
 
     def is_wrapped(self, model) -> bool:

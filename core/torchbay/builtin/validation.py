@@ -13,6 +13,10 @@ BYTES_PER_PARAM = {"no": 4, "fp16": 4, "bf16": 4, "fp8": 4}  # torch.amp keeps f
 def torchbay_validate(context) -> list[str]:
     config = context.config
     problems = []
+    device_cls = context.device_backend_cls
+    if device_cls is not None and not device_cls.multi_process and context.cluster.local_world_size() > 1:
+        problems.append(f"device '{device_cls.name}' runs one process per machine but this job starts "
+                        f"{context.cluster.local_world_size()}; launch with --nproc-per-node 1")
     backend = config.process_group_backend
     if backend and context.device_backend_cls is not None and context.cluster.world_size() > 1:
         import torch.distributed as dist
