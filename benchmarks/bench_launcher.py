@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--json", help="also write the numbers to this file")
+    parser.add_argument("--with-teardown", action="store_true",
+                        help="also time torchbay launch without its fast exit (full interpreter teardown)")
     args = parser.parse_args(argv)
 
     workdir = Path(tempfile.mkdtemp(prefix="torchbay-bench-"))
@@ -61,12 +63,18 @@ def main(argv: list[str] | None = None) -> int:
         "torchrun": [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}", str(script)],
         "torchbay launch": [*_torchbay_cmd(), "launch", "-q", f"--num-processes={args.nproc}", str(script)],
     }
+    if args.with_teardown:
+        # main() called from another program: the launcher does not skip the interpreter's
+        # teardown at the end, as torchrun does not; shows what that shortcut is worth
+        commands["torchbay, teardown"] = [sys.executable, "-c", "import sys; from torchbay.cli.main import main; "
+                                          "sys.exit(main())", "launch", "-q", f"--num-processes={args.nproc}",
+                                          str(script)]
     for cmd in commands.values():  # warm the page cache for both, not timed
         run_once(cmd, env)
     times: dict[str, list[float]] = {name: [] for name in commands}
     cpus: dict[str, list[float]] = {name: [] for name in commands}
     for i in range(args.repeats):
-        order = list(commands) if i % 2 == 0 else list(reversed(commands))
+        order = list(commands)[i % len(commands):] + list(commands)[:i % len(commands)]
         for name in order:
             wall, cpu = run_once(commands[name], env)
             times[name].append(wall)
@@ -82,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{v:.2f}" for v in times[name]))
     print(f"  ratio torchbay/torchrun: wall {ratio:.3f} ({(ratio - 1) * 100:+.1f}%; target within +5%), "
           f"cpu {ratio_cpu:.3f} ({(ratio_cpu - 1) * 100:+.1f}%)")
+    if "torchbay, teardown" in med:
+        r = med["torchbay, teardown"] / med["torchrun"]
+        rc = med_cpu["torchbay, teardown"] / med_cpu["torchrun"]
+        print(f"  ratio torchbay (with teardown)/torchrun: wall {r:.3f} ({(r - 1) * 100:+.1f}%), "
+              f"cpu {rc:.3f} ({(rc - 1) * 100:+.1f}%)")
     if args.json:
         Path(args.json).write_text(json.dumps({"wall": times, "cpu": cpus, "median_wall": med, "median_cpu": med_cpu,
                                                "ratio_wall": ratio, "ratio_cpu": ratio_cpu}, indent=2))
