@@ -275,8 +275,9 @@ def torchrun_argv(plan: LaunchPlan, target: str, target_args: list[str], module:
                 argv += ["--rdzv-endpoint", plan.rdzv_endpoint]
         # else: one machine, no port given: torchrun picks a free port itself (c10d on localhost:0)
     else:
+        # torchrun's default job id ("none"): every machine of the job uses the same one
         argv += ["--rdzv-backend", plan.rdzv_backend, "--rdzv-endpoint", plan.rdzv_endpoint or "localhost:0",
-                 "--rdzv-id", os.environ.get("TORCHBAY_RDZV_ID", "none")]
+                 "--rdzv-id", "none"]
     argv.append(WORKER)
     argv += (["-m", target] if module else [target]) + list(target_args)
     return argv
