@@ -84,16 +84,17 @@ def test_each_engine_is_its_own_distribution_with_an_entry_point():
         assert info.status == "loaded" and info.distribution == dist, info
         assert any(r.startswith("precision:fp8:") for r in info.registers)
     hooks = pm.hooks_of("fp8-torchao")
-    assert "torchbay_after_optimizer_step" in hooks and "torchbay_register_precisions" in hooks
+    assert "torchbay_after_optimizer_step" not in hooks  # a plain Precision method: no per-step hook call
+    assert "torchbay_register_precisions" in hooks
     assert {"torchbay_state_extra", "torchbay_load_state_extra"} <= set(pm.hooks_of("fp8-te"))
     assert {"torchbay_validate", "torchbay_prepare"} <= set(pm.hooks_of("fp8-msamp"))
 
 
-def test_shared_helper_copies_are_identical():
-    copies = sorted(glob.glob(os.path.join(ROOT, "plugins/fp8/*/torchbay_fp8_*/_common.py")))
-    assert len(copies) == 3
-    for other in copies[1:]:
-        assert filecmp.cmp(copies[0], other, shallow=False), f"{other} differs from {copies[0]}"
+def test_shared_helpers_live_in_the_core_once():
+    assert not glob.glob(os.path.join(ROOT, "plugins/fp8/*/torchbay_fp8_*/_common.py"))
+    from torchbay import fp8
+
+    assert fp8.plan_linears and fp8.warn_small_layers
 
 
 # --- selection ------------------------------------------------------------------------------
@@ -212,7 +213,7 @@ def test_msamp_zero3_is_refused_before_any_process_group(monkeypatch):
 
 def test_linear_plan_filters_by_name_shape_and_position():
     from torchbay.config import FP8Config
-    from torchbay_fp8_torchao._common import plan_linears
+    from torchbay.fp8 import plan_linears
 
     model = torch.nn.ModuleDict({"embed": torch.nn.Linear(16, 64), "attn": torch.nn.Linear(64, 64),
                                  "odd": torch.nn.Linear(64, 50), "mlp": torch.nn.Linear(64, 64),
@@ -228,7 +229,7 @@ def test_linear_plan_filters_by_name_shape_and_position():
 
 
 def test_small_layers_are_named_in_one_warning_before_training(caplog):
-    from torchbay_fp8_torchao._common import SMALL_LAYER_HARMONIC, harmonic_size, small_layers
+    from torchbay.fp8 import SMALL_LAYER_HARMONIC, harmonic_size, small_layers
 
     assert small_layers({"a": (1024, 1024), "b": (2048, 2048), "c": (1024, 4096), "d": (8192, 8192)}) == ["a", "c"]
     assert harmonic_size(2048, 2048) >= SMALL_LAYER_HARMONIC > harmonic_size(1024, 4096)

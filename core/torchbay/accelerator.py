@@ -301,7 +301,7 @@ class Accelerator:
 
     def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         self.unscale_gradients()
-        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
+        return self.precision.clip_grad_norm_(parameters, max_norm, norm_type, self.strategy)
 
     def clip_grad_value_(self, parameters, clip_value: float) -> None:
         self.unscale_gradients()

@@ -92,6 +92,14 @@ class DeviceBackend:
         return torch.accelerator.device_count()
 
     @classmethod
+    def compute_capability(cls, index: int = 0) -> tuple[int, int] | None:
+        """The device's compute capability (major, minor) where the vendor has one, else ``None``.
+
+        Must not initialise the device (a launcher may ask before it starts workers).
+        """
+        return None
+
+    @classmethod
     def launch_env(cls, local_world_size: int) -> dict[str, str]:
         """Environment the launcher gives workers; the default adds nothing."""
         return {}

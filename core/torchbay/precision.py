@@ -38,8 +38,8 @@ class Precision:
         return []
 
     @classmethod
-    def unavailable_reason(cls, device_backend_cls: Any) -> str | None:
-        """Why this precision cannot run on that device class here, or ``None``."""
+    def unavailable_reason(cls, device_backend_cls: Any, config: Any = None) -> str | None:
+        """Why this precision cannot run on that device class here (with ``config``), or ``None``."""
         if cls.engine_module:
             import importlib.util
 
@@ -73,6 +73,13 @@ class Precision:
         """Run ``step(optimizer, **kwargs)``; return False when the step was skipped."""
         step(optimizer, **kwargs)
         return True
+
+    def after_optimizer_step(self, optimizer: Any) -> None:
+        """Called after every real optimizer step (e.g. to refresh FP8 weight scales)."""
+
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float, strategy) -> Any:
+        """Clip gradients; an engine with its own gradient type overrides this."""
+        return strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

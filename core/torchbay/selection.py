@@ -70,13 +70,13 @@ def select_precision(config, registry: dict[str, Any], device_cls, pm, problems:
             problems.append(f"fp8 backend '{backend}' is not installed (installed engines: "
                             f"{', '.join(sorted(engines)) or 'none'}): pip install torchbay-fp8-{backend}")
             return None
-        reason = device_cls and cls.unavailable_reason(device_cls)
+        reason = device_cls and cls.unavailable_reason(device_cls, config)
         if reason:
             problems.append(f"fp8 backend '{backend}' cannot run here: {reason}")
         return cls
     reasons = []
     for name, cls in sorted(engines.items(), key=lambda kv: -kv[1].priority):
-        reason = cls.unavailable_reason(device_cls) if device_cls else "no device"
+        reason = cls.unavailable_reason(device_cls, config) if device_cls else "no device"
         if reason is None:
             log.info("fp8.backend auto chose '%s': the highest-priority installed engine that supports device '%s'"
                      " (skipped: %s)", name, getattr(device_cls, "name", "?"), "; ".join(reasons) or "none")

@@ -89,6 +89,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
         stepped = acc.precision.optimizer_step(self.optimizer, acc.strategy.optimizer_step, **kwargs)
         self.step_was_skipped = not stepped
         acc._unscaled.discard(id(self.optimizer))
+        if stepped:
+            acc.precision.after_optimizer_step(self.optimizer)
         if stepped and acc._after_step_hook is not None:
             acc._after_step_hook(context=acc.context, optimizer=self.optimizer)
         acc.device_backend.after_step()

@@ -84,6 +84,33 @@ class CUDABackend(DeviceBackend):
         return torch.cuda.device_count()
 
     @classmethod
+    def compute_capability(cls, index: int = 0) -> tuple[int, int] | None:
+        """Compute capability of CUDA device ``index``, or ``None`` when there is no NVIDIA GPU.
+
+        NVML is tried first (it creates no CUDA context, so a launcher may call it before it
+        forks workers); torch is the fallback.
+        """
+        if getattr(torch.version, "hip", None):
+            return None
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                return tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))  # type: ignore[return-value]
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception:
+            pass
+        try:
+            if torch.cuda.is_available():
+                return tuple(torch.cuda.get_device_capability(index))  # type: ignore[return-value]
+        except Exception:
+            return None
+        return None
+
+    @classmethod
     def dist_backend(cls) -> str:
         return cls.dist_backend_name
 

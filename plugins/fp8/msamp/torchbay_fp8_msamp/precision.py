@@ -24,7 +24,8 @@ import torch
 from torchbay.errors import TorchbayError
 from torchbay.precision import Precision
 
-from torchbay_fp8_msamp import _common
+from torchbay import fp8 as _common
+from torchbay_fp8_msamp._zero import zero_stage
 
 log = logging.getLogger("torchbay.fp8")
 
@@ -36,7 +37,7 @@ OPTIONS: dict[str, Any] = {"opt_level": OPT_LEVELS, "use_te": bool, "small_layer
 def strategy_problems(config) -> list[str]:
     """What MS-AMP cannot run: ZeRO-3 and FSDP (read defensively from the config tree)."""
     problems = []
-    stage = _common.zero_stage(config)
+    stage = zero_stage(config)
     if stage is not None and stage >= 3:
         problems.append("fp8 engine 'msamp' does not support DeepSpeed ZeRO-3 (MS-AMP cannot shard its FP8 "
                         "parameters across ranks): set the deepspeed ZeRO stage to 0, 1 or 2, or use "
@@ -57,8 +58,8 @@ class MSAMPFP8Precision(Precision):
                     "then pip install torchbay-fp8-msamp")
 
     @classmethod
-    def unavailable_reason(cls, device_backend_cls) -> str | None:
-        reason = super().unavailable_reason(device_backend_cls)
+    def unavailable_reason(cls, device_backend_cls, config=None) -> str | None:
+        reason = super().unavailable_reason(device_backend_cls, config)
         if reason:
             return reason
         if device_backend_cls.torch_type() != "cuda" or getattr(torch.version, "hip", None):

@@ -23,7 +23,8 @@ import torch
 from torchbay.errors import CheckpointError
 from torchbay.precision import Precision
 
-from torchbay_fp8_te import _common, recipes
+from torchbay import fp8 as _common
+from torchbay_fp8_te import recipes
 
 log = logging.getLogger("torchbay.fp8")
 
@@ -51,8 +52,8 @@ class TransformerEngineFP8Precision(Precision):
 
     # -- validation ---------------------------------------------------------------------
     @classmethod
-    def unavailable_reason(cls, device_backend_cls) -> str | None:
-        reason = super().unavailable_reason(device_backend_cls)
+    def unavailable_reason(cls, device_backend_cls, config=None) -> str | None:
+        reason = super().unavailable_reason(device_backend_cls, config)
         if reason:
             return reason
         device_type = device_backend_cls.torch_type()
@@ -62,7 +63,7 @@ class TransformerEngineFP8Precision(Precision):
                     f"fp8.engine_options.emulate: true, or mixed_precision: bf16")
         if getattr(torch.version, "hip", None):
             return None  # ROCm's Transformer Engine decides in check()
-        cap = _common.cuda_capability()
+        cap = device_backend_cls.compute_capability()
         if cap is None:
             return "no NVIDIA GPU was found"
         if cap < (8, 9):

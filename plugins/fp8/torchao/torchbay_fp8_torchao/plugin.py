@@ -1,8 +1,8 @@
 """The torchbay plugin module of torchbay-fp8-torchao (entry point ``fp8-torchao``).
 
-Registers :class:`~torchbay_fp8_torchao.precision.TorchaoFP8Precision` and, under FSDP2 with
-float8 all-gather, precomputes the weights' FP8 scales after every optimizer step. Nothing
-here imports torchao.
+Registers :class:`~torchbay_fp8_torchao.precision.TorchaoFP8Precision` (which, under FSDP2
+with float8 all-gather, precomputes the weights' FP8 scales after every optimizer step).
+Nothing here imports torchao.
 """
 
 from __future__ import annotations
@@ -18,13 +18,6 @@ def torchbay_register_precisions():
     from torchbay_fp8_torchao.precision import TorchaoFP8Precision
 
     return [TorchaoFP8Precision]
-
-
-@hookimpl
-def torchbay_after_optimizer_step(context, optimizer):
-    precision = context.precision
-    if getattr(precision, "fp8_backend", None) == "torchao" and precision.precompute_scales:
-        precision.precompute_fsdp_scales()
 
 
 @hookimpl

@@ -23,7 +23,7 @@ import torch
 from torchbay.errors import CheckpointError
 from torchbay.precision import Precision
 
-from torchbay_fp8_torchao import _common
+from torchbay import fp8 as _common
 
 log = logging.getLogger("torchbay.fp8")
 
@@ -43,12 +43,13 @@ OPTIONS: dict[str, Any] = {
 }
 
 
-def fast_path_reason(device_type: str) -> str | None:
-    """Why torchao has no FP8 hardware path on this device type, or ``None`` when it has one."""
+def fast_path_reason(device_backend_cls) -> str | None:
+    """Why torchao has no FP8 hardware path on this device, or ``None`` when it has one."""
+    device_type = device_backend_cls.torch_type()
     if device_type == "cuda":
         if getattr(torch.version, "hip", None):
             return None  # ROCm MI300+: torchao picks the fnuz FP8 types itself
-        cap = _common.cuda_capability()
+        cap = device_backend_cls.compute_capability()
         if cap is None:
             return "no NVIDIA GPU was found"
         if cap < (8, 9):
@@ -68,6 +69,19 @@ class TorchaoFP8Precision(Precision):
 
     # -- validation ---------------------------------------------------------------------
     @classmethod
+    def unavailable_reason(cls, device_backend_cls, config=None) -> str | None:
+        reason = super().unavailable_reason(device_backend_cls, config)
+        if reason:
+            return reason
+        emulate = config is not None and bool(config.fp8.engine_options.get("emulate", False))
+        fast = fast_path_reason(device_backend_cls)
+        if fast and not emulate:
+            return (f"it has no FP8 hardware path on device '{device_backend_cls.name}': {fast}. Set "
+                    f"fp8.engine_options.emulate: true to emulate FP8 numerics (slower than bf16; for testing), "
+                    f"or use mixed_precision: bf16")
+        return None
+
+    @classmethod
     def check(cls, context) -> list[str]:
         fp8 = context.config.fp8
         options = dict(fp8.engine_options)
@@ -85,11 +99,6 @@ class TorchaoFP8Precision(Precision):
                     ENGINE, key, getattr(fp8, key), "amax history belongs to delayed scaling, which torchao does not "
                     "offer; remove the setting or use fp8.backend: te"))
         device = context.device_backend_cls
-        reason = fast_path_reason(device.torch_type())
-        if reason and not options.get("emulate", False):
-            problems.append(f"fp8 engine 'torchao' has no FP8 hardware path on device '{device.name}': {reason}. "
-                            f"Set fp8.engine_options.emulate: true to emulate FP8 numerics (slower than bf16; for "
-                            f"testing), or use mixed_precision: bf16")
         if fp8.outer_autocast and not device.supports_autocast(torch.bfloat16):
             problems.append(f"fp8.outer_autocast needs bf16 autocast, which device '{device.name}' lacks; "
                             f"set fp8.outer_autocast: false")
@@ -192,6 +201,10 @@ class TorchaoFP8Precision(Precision):
             return contextlib.nullcontext()
         enabled = handler.enabled if handler is not None else True
         return self.device_backend.autocast(torch.bfloat16, enabled=enabled)
+
+    def after_optimizer_step(self, optimizer) -> None:
+        if self.precompute_scales:
+            self.precompute_fsdp_scales()
 
     def precompute_fsdp_scales(self) -> None:
         """One all-reduce computing every FP8 weight's scale for the next FSDP2 all-gather."""

@@ -1,0 +1,153 @@
+"""Engine-independent helpers for FP8 precision plugins.
+
+It imports torch and torchbay only, never an FP8 engine:
+
+- :func:`plan_linears`: which ``nn.Linear`` modules to convert (``fp8.include`` /
+  ``fp8.exclude`` regexes, both dimensions multiples of 16, first and last Linear kept in
+  higher precision unless ``fp8.keep_first_and_last: false``);
+- :func:`small_layers` / :func:`warn_small_layers`: the "too small to gain" rule;
+- :func:`option_problems`: ``fp8.engine_options`` checked against what an engine accepts;
+- :func:`is_explicit`, :func:`unsupported_setting`, :func:`is_main_process`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+log = logging.getLogger("torchbay.fp8")
+
+#: A Linear of ``in_features=K``, ``out_features=N`` is reported as too small to gain from
+#: FP8 when ``K*N/(K+N)`` (its "harmonic size") is below this. Why: FP8 halves the time of
+#: the three GEMMs, ``3*M*K*N`` multiply-adds at bf16 peak P, while the casts to FP8 read and
+#: write roughly ``9*(M*K + K*N + M*N)`` bytes at memory bandwidth B; with many tokens M the
+#: gain is positive only when ``K*N/(K+N) > ~3*P/B``, about 900 on an H100 (P ~ 990 TFLOP/s,
+#: B ~ 3.35 TB/s). published H100 measurements agree (1024-wide layers lose, 4096-wide gain);
+#: ``benchmarks/bench_fp8.py`` measures it per hidden size on the machine at hand.
+SMALL_LAYER_HARMONIC = 1024
+
+
+@dataclass
+class LinearPlan:
+    """Which Linear modules to convert (``convert``) and why the others are left (``skipped``)."""
+
+    convert: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        lines = [f"{name} ({k}->{n})" for name, (k, n) in self.shapes.items() if name in self.convert]
+        out = f"{len(self.convert)} Linear module(s) converted to FP8: " + (", ".join(lines) or "none")
+        if self.skipped:
+            out += "; kept in higher precision: " + "; ".join(f"{n or '<root>'}: {why}" for n, why in self.skipped.items())
+        return out
+
+
+def plan_linears(model: torch.nn.Module, fp8, *, exact_type: type = torch.nn.Linear) -> LinearPlan:
+    """Decide which ``exact_type`` modules of ``model`` to convert, from the ``fp8`` config section.
+
+    Only modules whose type is exactly ``exact_type`` are candidates: subclasses (an engine's
+    own FP8 Linear, ``NonDynamicallyQuantizableLinear`` inside attention) are left alone.
+    "First" and "last" follow ``named_modules()`` order (registration order).
+    """
+    include = [re.compile(p) for p in fp8.include]
+    exclude = [re.compile(p) for p in fp8.exclude]
+    plan = LinearPlan()
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    candidates = []
+    for name, module in linears:
+        plan.shapes[name] = (module.in_features, module.out_features)
+        if type(module) is not exact_type:
+            plan.skipped[name] = f"{type(module).__name__} is not a plain {exact_type.__name__}"
+        elif any(p.search(name) for p in exclude):
+            plan.skipped[name] = "matched by fp8.exclude"
+        elif include and not any(p.search(name) for p in include):
+            plan.skipped[name] = "not matched by fp8.include"
+        elif module.in_features % 16 or module.out_features % 16:
+            plan.skipped[name] = (f"shape {module.in_features}->{module.out_features}: FP8 GEMMs need both "
+                                  f"dimensions to be multiples of 16")
+        else:
+            candidates.append(name)
+    if fp8.keep_first_and_last and linears:
+        for name, why in ((linears[0][0], "first"), (linears[-1][0], "last")):
+            if name in candidates:
+                candidates.remove(name)
+                plan.skipped[name] = f"{why} Linear kept in higher precision (fp8.keep_first_and_last)"
+    plan.convert = candidates
+    return plan
+
+
+def harmonic_size(in_features: int, out_features: int) -> float:
+    return in_features * out_features / (in_features + out_features)
+
+
+def small_layers(shapes: dict[str, tuple[int, int]], threshold: float = SMALL_LAYER_HARMONIC) -> list[str]:
+    """Names whose ``K*N/(K+N)`` is below ``threshold`` (see :data:`SMALL_LAYER_HARMONIC`)."""
+    return [name for name, (k, n) in shapes.items() if harmonic_size(k, n) < threshold]
+
+
+def warn_small_layers(engine: str, shapes: dict[str, tuple[int, int]], options: dict[str, Any],
+                      is_main: bool, emulated: bool = False) -> list[str]:
+    """Log one warning (main process) naming the converted layers too small to gain; return them.
+
+    ``fp8.engine_options.small_layer_threshold`` changes the threshold (0 turns it off).
+    """
+    threshold = options.get("small_layer_threshold", SMALL_LAYER_HARMONIC)
+    small = small_layers(shapes, threshold) if threshold else []
+    if small and is_main:
+        listed = ", ".join(f"{n} ({shapes[n][0]}->{shapes[n][1]})" for n in small[:20])
+        more = f" and {len(small) - 20} more" if len(small) > 20 else ""
+        log.warning(
+            "fp8 (%s): %d of %d FP8 layer(s) are too small to run faster than bf16: %s%s. A Linear K->N gains "
+            "only when K*N/(K+N) >= %s (about 2048x2048 and up); the FP8 casts cost more than the faster "
+            "GEMM saves below that. Exclude them with fp8.exclude, or use mixed_precision: bf16 for this model "
+            "(set fp8.engine_options.small_layer_threshold: 0 to silence this).%s",
+            engine, len(small), len(shapes), listed, more, threshold,
+            " (This run emulates FP8 and is slower than bf16 anyway.)" if emulated else "")
+    return small
+
+
+def is_explicit(context, key: str) -> bool:
+    """Whether ``fp8.<key>`` was set by the user (any source but the defaults)."""
+    return context.resolved.source_of(f"fp8.{key}") != "default"
+
+
+def option_problems(engine: str, options: dict[str, Any], allowed: dict[str, Any]) -> list[str]:
+    """Unknown keys or wrong types in ``fp8.engine_options`` for ``engine``.
+
+    ``allowed`` maps each key to a type, a tuple of types, or a tuple of allowed values
+    (as a ``set``).
+    """
+    problems = []
+    for key, value in options.items():
+        if key not in allowed:
+            close = difflib.get_close_matches(key, list(allowed), n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            problems.append(f"fp8.engine_options.{key} is not an option of fp8 engine '{engine}'; {hint}"
+                            f"its options: {', '.join(sorted(allowed))}")
+            continue
+        rule = allowed[key]
+        if isinstance(rule, set):
+            if value not in rule:
+                problems.append(f"fp8.engine_options.{key} = {value!r} is not accepted by fp8 engine '{engine}'; "
+                                f"use one of {sorted(rule, key=str)}")
+        elif not isinstance(value, rule) or (rule in (int, (int, float)) and isinstance(value, bool)):
+            names = rule.__name__ if isinstance(rule, type) else " or ".join(r.__name__ for r in rule)
+            problems.append(f"fp8.engine_options.{key} = {value!r} must be {names} for fp8 engine '{engine}'")
+    return problems
+
+
+def unsupported_setting(engine: str, key: str, value: Any, why: str) -> str:
+    return f"fp8 engine '{engine}' cannot honour fp8.{key} = {value!r}: {why}"
+
+
+def is_main_process(context) -> bool:
+    strategy = getattr(context, "strategy", None)
+    if strategy is not None:
+        return strategy.rank == 0
+    return context.cluster.rank() == 0
