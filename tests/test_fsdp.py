@@ -142,6 +142,7 @@ def test_save_state_writes_shards_from_every_rank(trained):
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("world", [2, 1])
 def test_load_state_into_2_and_1_processes_continues_like_uninterrupted_run(trained, world):
+    """The resuming run prepares its optimizer before its model (separate calls, reverse order)."""
     out, result = trained
     run_torchrun(str(_scripts() / "fsdp_resume.py"), world, ["--out", str(out)], timeout=180).check()
     resumed = json.loads((out / f"result_resume_{world}.json").read_text())

@@ -20,7 +20,8 @@ def main():
     acc = Accelerator(strategy="fsdp", seed=123, config={"fsdp": {"transformer_layer_cls_to_wrap": ["Block"]}})
     model = make_model(seed=99)  # different initial weights: everything must come from the checkpoint
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    model, opt = acc.prepare(model, opt)
+    opt = acc.prepare(opt)  # the optimizer first, its model in a later call: the later call remaps it
+    model = acc.prepare(model)
     acc.load_state(os.path.join(out, "ckpt"))
     losses, _ = train(acc, model, opt, K, start=S)
     state = full_state(acc, model)
