@@ -1,11 +1,13 @@
 """torchbay-deepspeed: real DeepSpeed (its CPU accelerator, gloo) in 2-process groups.
 
-Two process launches in all: tests/scripts/deepspeed_train.py (DDP against ZeRO-1/2/3 with
-and without gradient accumulation, ZeRO-2 with optimizer offload, a DeepSpeed JSON with
-"auto" values against the same settings in torchbay's config, DeepSpeed's own optimizer
-and scheduler from JSON) and tests/scripts/deepspeed_state.py (ZeRO-3 student/teacher under
-zero.Init, prepared in separate calls, save_state/load_state resume, save_model). The other
-tests run in this process or a plain subprocess and start no process group.
+Two 2-process launches and one plain process in all: tests/scripts/deepspeed_train.py (DDP
+against ZeRO-1/2/3 with and without gradient accumulation, ZeRO-2 with optimizer offload, a
+DeepSpeed JSON with "auto" values against the same settings in torchbay's config,
+DeepSpeed's own optimizer and scheduler from JSON); tests/scripts/deepspeed_state.py (ZeRO-3
+student/teacher under zero.Init, prepared in separate calls, save_state/load_state resume,
+save_model); the same script in one plain process loading that 2-process checkpoint through
+DeepSpeed's universal checkpoint. The other tests run in this process or a plain subprocess
+and start no process group.
 
 Tolerances: DeepSpeed's ZeRO reduce-scatter / all-reduce and DDP's all-reduce both average
 the two ranks' fp32 gradients, in a different order, and DeepSpeed's clipping puts its
@@ -46,7 +48,9 @@ def state(tmp_path_factory):
     out = tmp_path_factory.mktemp("deepspeed_state")
     run_torchrun(os.path.join(SCRIPTS, "deepspeed_state.py"), 2, ["--out", str(out), "--stage", "3"],
                  timeout=240).check()
-    return json.loads((out / "result_state_zero3.json").read_text())
+    result = json.loads((out / "result_state_zero3.json").read_text())
+    result["out"] = str(out)
+    return result
 
 
 def _max_diff(a, b) -> float:
@@ -133,6 +137,17 @@ def test_deepspeed_optimizer_and_scheduler_from_json(trained):
     lrs = run["lrs"]
     assert lrs[0] < lrs[1] < lrs[2] == pytest.approx(0.01)  # DeepSpeed's WarmupLR, stepped by the engine
     assert run["losses"][-1] < run["losses"][0]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_mixed_precision_bf16_becomes_deepspeeds_bf16(trained):
+    run, ddp = trained["zero2_bf16"], trained["ddp_ga1"]
+    assert run["config"]["bf16"] == {"enabled": True} and "fp16" not in run["config"]
+    assert run["param_dtype"] == "torch.bfloat16" and run["precision"] == "deepspeed bf16"
+    # bf16 weights: close to the fp32 DDP run, not equal
+    assert _max_diff(run["losses"], ddp["losses"][:len(run["losses"])]) < 0.05
+    assert run["weights"] and all(isinstance(v, list) for v in run["weights"].values())
 
 
 def _context(tmp_path, config: dict, world_size: int = 2):
@@ -301,3 +316,22 @@ def test_zero3_resume_is_identical_to_the_uninterrupted_run(state):
     assert state["batches_match"]
     assert state["resumed_losses"] == state["losses"][4:]
     assert state["final_vs_uninterrupted"] == 0.0
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_changed_world_size_is_a_clear_error_then_loads_as_universal_checkpoint(state):
+    """The 2-process ZeRO-3 checkpoint, loaded by one process (no torchrun)."""
+    from torchbay.testing.processes import run_python
+
+    out = state["out"]
+    run_python(os.path.join(SCRIPTS, "deepspeed_state.py"), ["--out", out, "--stage", "3", "--resume-elsewhere"],
+               timeout=240).check()
+    result = json.loads(open(os.path.join(out, "result_universal_zero3.json")).read())
+    assert result["world_size"] == 1
+    error = result["plain_error"]
+    assert "written by 2 processes and this run has 1" in error
+    assert "deepspeed.load_universal: true" in error and "ds_to_universal" in error
+    assert "zero" in result["universal_files"]  # converted once, next to the checkpoint
+    assert result["student_vs_saved"] == 0.0  # every full weight back, now in one partition
+    assert all(loss == loss and loss < 10 for loss in result["losses"])  # and training goes on

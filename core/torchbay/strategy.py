@@ -210,9 +210,13 @@ class Strategy:
         for i, model in enumerate(models):
             state = io.load_state_dict(directory, f"model_{i}", device="cpu")
             try:
-                self.unwrap_model(model).load_state_dict(state)
+                missing, unexpected = self.unwrap_model(model).load_state_dict(state, strict=False)
             except Exception as exc:
                 raise CheckpointError(f"model {i} in {directory} does not fit the prepared model: {exc}") from exc
+            missing = [k for k in missing if not k.endswith("_extra_state")]  # non-tensor state is not in the file
+            if missing or unexpected:
+                raise CheckpointError(f"model {i} in {directory} does not fit the prepared model: missing keys "
+                                      f"{missing[:10]}, unexpected keys {unexpected[:10]}")
         for i, opt in enumerate(optimizers):
             path = directory / f"optimizer_{i}.pt"
             if not path.exists():

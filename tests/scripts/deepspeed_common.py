@@ -64,11 +64,12 @@ def train(strategy: str, ga: int, micro_steps: int, config: dict | None = None, 
     model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
     prepare_s = time.perf_counter() - t0
     losses, norms, lrs = [], [], []
+    dtype = next(acc.unwrap_model(model).parameters()).dtype  # DeepSpeed bf16/fp16 converts the module
     done = 0
     while done < micro_steps:
         for x, y in loader:
             with acc.accumulate(model):
-                loss = nn.functional.mse_loss(model(x), y)
+                loss = nn.functional.mse_loss(model(x.to(dtype)).float(), y)
                 acc.backward(loss)
                 if clip is not None and acc.sync_gradients:
                     norms.append(float(acc.clip_grad_norm_(model.parameters(), clip)))
@@ -90,6 +91,8 @@ def train(strategy: str, ga: int, micro_steps: int, config: dict | None = None, 
         info["report"] = rec.report
         info["engine_optimizer"] = type(rec.engine.optimizer).__name__
         info["base_optimizer"] = type(getattr(rec.engine.optimizer, "optimizer", rec.engine.optimizer)).__name__
+        info["param_dtype"] = str(dtype)
+        info["precision"] = acc.precision.describe()
     acc.end_training()
     return info
 

@@ -18,21 +18,24 @@ from torch.utils.data import DataLoader  # noqa: E402
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
 parser.add_argument("--stage", type=int, default=3)
+parser.add_argument("--resume-elsewhere", action="store_true",
+                    help="one process: load the 2-process checkpoint (universal checkpoint)")
 args = parser.parse_args()
-init_group()
+if not args.resume_elsewhere:
+    init_group()
 MICRO, SAVE_AT, GA = 8, 4, 2
 CKPT = os.path.join(args.out, f"state_zero{args.stage}")
 
 
-def build(teacher_seed: int):
+def build(teacher_seed: int, stage: int = args.stage, **section):
     from torchbay import Accelerator, set_seed
 
     set_seed(0)
     acc = Accelerator(strategy="deepspeed", gradient_accumulation_steps=GA, config={"deepspeed": {
-        "zero_stage": args.stage, "zero3_init": args.stage == 3,
+        "zero_stage": stage, "zero3_init": stage == 3, **section,
         "config": {"zero_optimization": {"stage3_param_persistence_threshold": "auto",
                                          "stage3_prefetch_bucket_size": "auto", "reduce_bucket_size": "auto"}}
-        if args.stage == 3 else {}}})
+        if stage == 3 else {}}})
     with acc.strategy.zero_init():
         torch.manual_seed(0)
         student = Net()
@@ -72,6 +75,33 @@ def gathered(acc, model):
     return {k: v.detach().clone() for k, v in params.items()}
 
 
+if args.resume_elsewhere:
+    from torchbay.errors import CheckpointError
+    from safetensors.torch import load_file
+
+    out = {}
+    acc, student, teacher, opt, loader = build(teacher_seed=7)
+    try:
+        acc.load_state(CKPT)
+        out["plain_error"] = ""
+    except CheckpointError as exc:
+        out["plain_error"] = str(exc)
+    acc.end_training()
+    acc, student, teacher, opt, loader = build(teacher_seed=7, load_universal=True)
+    acc.load_state(CKPT)
+    expected = load_file(os.path.join(args.out, f"at_save_zero{args.stage}.safetensors"))
+    got = gathered(acc, student)
+    out["student_vs_saved"] = max((got[k] - expected[k]).abs().max().item() for k in expected)
+    out["world_size"] = acc.num_processes
+    out["losses"] = [step(acc, student, teacher, opt, x, y) for _, (x, y) in zip(range(2), loader)]
+    out["universal_files"] = sorted(os.listdir(os.path.join(CKPT, "deepspeed_model_0", "universal")))[:3]
+    acc.end_training()
+    with open(os.path.join(args.out, f"result_universal_zero{args.stage}.json"), "w") as f:
+        import json
+
+        json.dump(out, f)
+    sys.exit(0)
+
 result = {}
 acc, student, teacher, opt, loader = build(teacher_seed=1)
 initial_student, initial_teacher = gathered(acc, student), gathered(acc, teacher)
@@ -81,6 +111,10 @@ for i, (x, y) in enumerate(loader):
     if i + 1 == SAVE_AT:
         acc.save_state(CKPT)
         at_save = gathered(acc, student)
+        if acc.is_main_process:
+            from safetensors.torch import save_file
+
+            save_file(at_save, os.path.join(args.out, f"at_save_zero{args.stage}.safetensors"))
     if i + 1 > SAVE_AT:
         batches.append(float(x.sum()))
     if i + 1 == MICRO:

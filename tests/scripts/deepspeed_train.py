@@ -57,6 +57,9 @@ if dist.get_rank() == 0:
 dist.barrier()
 result["json_optimizer"] = train("deepspeed", 1, K, {"deepspeed": {"deepspeed_config_file": json_opt}},
                                  json_optimizer=True)
+# torchbay's mixed_precision becomes DeepSpeed's bf16 section (bf16 weights, fp32 master copy)
+result["zero2_bf16"] = train("deepspeed", 1, K, {"mixed_precision": "bf16", "deepspeed": {
+    "zero_stage": 2, "gradient_clipping": CLIP}}, clip=CLIP)
 result["elapsed_s"] = time.perf_counter() - t0
 write(os.path.join(args.out, "result_train.json"), result)
 dist.destroy_process_group()

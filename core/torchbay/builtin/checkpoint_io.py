@@ -47,7 +47,9 @@ class SafetensorsCheckpointIO(CheckpointIO):
         from huggingface_hub import split_torch_state_dict_into_shards
         from safetensors.torch import save_file
 
-        tensors, aliases = _dedupe_shared(state)
+        # non-tensor entries (e.g. a module's pickled ``_extra_state``) cannot go into safetensors;
+        # plugins that need such state save it through torchbay_state_extra
+        tensors, aliases = _dedupe_shared({k: v for k, v in state.items() if isinstance(v, torch.Tensor)})
         tensors = {k: v.contiguous().cpu() for k, v in tensors.items()}
         split = split_torch_state_dict_into_shards(tensors, filename_pattern=stem + "{suffix}.safetensors",
                                                    max_shard_size=self.max_shard_size)

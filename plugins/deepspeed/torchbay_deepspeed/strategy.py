@@ -422,18 +422,16 @@ class DeepSpeedStrategy(Strategy):
                 raise CheckpointError(f"model {i}: {sub / CHECKPOINT_TAG} is missing; was the checkpoint written "
                                       f"with strategy deepspeed?")
             tag = CHECKPOINT_TAG
-            if saved_world is not None and saved_world != self.world_size:
-                if not self.section.load_universal:
-                    raise CheckpointError(
-                        f"{directory} was written by {saved_world} processes and this run has {self.world_size}: "
-                        f"DeepSpeed cannot re-partition ZeRO state by itself. Convert it once with\n"
-                        f"  python -m deepspeed.checkpoint.ds_to_universal --input_folder {sub / CHECKPOINT_TAG} "
-                        f"--output_folder {sub / 'universal'}\n"
-                        f"(for each deepspeed_model_<i>), then set deepspeed.load_universal: true")
+            if self.section.load_universal:
                 tag = "universal"
-                if not (sub / tag).is_dir():
-                    raise CheckpointError(f"deepspeed.load_universal is set but {sub / tag} does not exist; "
-                                          f"convert with python -m deepspeed.checkpoint.ds_to_universal")
+                self._convert_to_universal(sub)
+            elif saved_world is not None and saved_world != self.world_size:
+                raise CheckpointError(
+                    f"{directory} was written by {saved_world} processes and this run has {self.world_size}: "
+                    f"DeepSpeed cannot re-partition its ZeRO state by itself. Set deepspeed.load_universal: true "
+                    f"to convert it to DeepSpeed's universal checkpoint (written next to it, once) and load that; "
+                    f"by hand: python -m deepspeed.checkpoint.ds_to_universal --input_folder "
+                    f"{sub / CHECKPOINT_TAG} --output_folder {sub / 'universal'}")
             try:
                 path, _ = rec.engine.load_checkpoint(str(sub), tag=tag, load_module_strict=True,
                                                      load_optimizer_states=rec.engine.optimizer is not None,
@@ -444,6 +442,25 @@ class DeepSpeedStrategy(Strategy):
             if path is None:
                 raise CheckpointError(f"model {i}: DeepSpeed found no checkpoint in {sub / tag}")
 
+    def _convert_to_universal(self, sub: Path) -> None:
+        """Convert ``sub/ds`` to DeepSpeed's universal format in ``sub/universal`` (rank 0, once)."""
+        import subprocess
+        import sys
+
+        target = sub / "universal"
+        error = ""
+        if self.rank == 0 and not target.is_dir():
+            cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                   str(sub / CHECKPOINT_TAG), "--output_folder", str(target), "--num_extract_workers", "1",
+                   "--num_merge_workers", "1"]
+            env = {**os.environ, **ds_accelerator_env(self.device_backend.torch_type())}
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                error = (f"converting {sub / CHECKPOINT_TAG} to a universal checkpoint failed "
+                         f"({' '.join(cmd)}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+        error = self.broadcast_object(error)
+        if error:
+            raise CheckpointError(error)
 
     def _load_full_weights(self, rec: EngineRecord, state: dict, index: int) -> None:
         if not self._zero3(rec):
