@@ -24,7 +24,7 @@ import torch
 from torchbay.errors import TorchbayError
 from torchbay.precision import Precision
 
-from torchbay import fp8 as _common
+from torchbay import fp8 as fp8_support
 from torchbay_fp8_msamp._zero import zero_stage
 
 log = logging.getLogger("torchbay.fp8")
@@ -70,20 +70,20 @@ class MSAMPFP8Precision(Precision):
     @classmethod
     def check(cls, context) -> list[str]:
         fp8 = context.config.fp8
-        explicit = lambda key: _common.is_explicit(context, key)  # noqa: E731
-        problems = _common.option_problems(ENGINE, dict(fp8.engine_options), OPTIONS)
+        explicit = lambda key: fp8_support.is_explicit(context, key)  # noqa: E731
+        problems = fp8_support.option_problems(ENGINE, dict(fp8.engine_options), OPTIONS)
         why = "MS-AMP converts every nn.Linear and scales each tensor itself"
         if fp8.recipe != "tensorwise":
-            problems.append(_common.unsupported_setting(ENGINE, "recipe", fp8.recipe,
+            problems.append(fp8_support.unsupported_setting(ENGINE, "recipe", fp8.recipe,
                                                         "MS-AMP scales per tensor only (tensorwise); use fp8.backend: te"))
         for key in ("include", "exclude"):
             if getattr(fp8, key):
-                problems.append(_common.unsupported_setting(ENGINE, key, getattr(fp8, key), why))
+                problems.append(fp8_support.unsupported_setting(ENGINE, key, getattr(fp8, key), why))
         if explicit("keep_first_and_last") and fp8.keep_first_and_last:
-            problems.append(_common.unsupported_setting(ENGINE, "keep_first_and_last", True, why))
+            problems.append(fp8_support.unsupported_setting(ENGINE, "keep_first_and_last", True, why))
         for key in ("format", "margin", "amax_history_len", "amax_compute_algo"):
             if explicit(key):
-                problems.append(_common.unsupported_setting(ENGINE, key, getattr(fp8, key), why + "; remove it"))
+                problems.append(fp8_support.unsupported_setting(ENGINE, key, getattr(fp8, key), why + "; remove it"))
         device = context.device_backend_cls
         if fp8.outer_autocast and not device.supports_autocast(torch.bfloat16):
             problems.append(f"fp8.outer_autocast needs bf16 autocast, which device '{device.name}' lacks")
@@ -118,11 +118,11 @@ class MSAMPFP8Precision(Precision):
             kwargs["use_te"] = self.options["use_te"]
         model, optimizer = msamp.initialize(model, optimizer, **kwargs)
         self.initialized = True
-        main = _common.is_main_process(self.context)
+        main = fp8_support.is_main_process(self.context)
         if main:
             log.info("fp8 (msamp %s): %d Linear module(s) converted to FP8: %s", self.opt_level, len(shapes),
                      ", ".join(f"{n} ({k}->{o})" for n, (k, o) in shapes.items()) or "none")
-        _common.warn_small_layers(ENGINE, shapes, self.options, main)
+        fp8_support.warn_small_layers(ENGINE, shapes, self.options, main)
         out = list(objects)
         out[models[0]], out[optimizers[0]] = model, optimizer
         return out

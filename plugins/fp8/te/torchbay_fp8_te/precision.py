@@ -23,7 +23,7 @@ import torch
 from torchbay.errors import CheckpointError
 from torchbay.precision import Precision
 
-from torchbay import fp8 as _common
+from torchbay import fp8 as fp8_support
 from torchbay_fp8_te import recipes
 
 log = logging.getLogger("torchbay.fp8")
@@ -74,9 +74,9 @@ class TransformerEngineFP8Precision(Precision):
     @classmethod
     def check(cls, context) -> list[str]:
         fp8 = context.config.fp8
-        explicit = lambda key: _common.is_explicit(context, key)  # noqa: E731
+        explicit = lambda key: fp8_support.is_explicit(context, key)  # noqa: E731
         problems = recipes.recipe_problems(fp8, explicit)
-        problems += _common.option_problems(ENGINE, dict(fp8.engine_options), OPTIONS)
+        problems += fp8_support.option_problems(ENGINE, dict(fp8.engine_options), OPTIONS)
         device = context.device_backend_cls
         if fp8.outer_autocast and not device.supports_autocast(torch.bfloat16):
             problems.append(f"fp8.outer_autocast needs bf16 autocast, which device '{device.name}' lacks; "
@@ -112,7 +112,7 @@ class TransformerEngineFP8Precision(Precision):
         super().__init__(context)
         self.fp8 = context.config.fp8
         self.options = dict(self.fp8.engine_options)
-        self._explicit = lambda key: _common.is_explicit(context, key)
+        self._explicit = lambda key: fp8_support.is_explicit(context, key)
         self.recipe_spec = recipes.recipe_spec(self.fp8, self._explicit)
         self._recipe = None
         #: per prepared model: names of the modules converted to TE (or found already TE)
@@ -132,7 +132,7 @@ class TransformerEngineFP8Precision(Precision):
         import transformer_engine.pytorch as te
 
         index = len(self._models)
-        main = _common.is_main_process(self.context)
+        main = fp8_support.is_main_process(self.context)
         existing = [name for name, m in module.named_modules() if _is_te_module(m)]
         if existing:
             converted = []
@@ -140,7 +140,7 @@ class TransformerEngineFP8Precision(Precision):
                 log.info("fp8 (te): the model already has %d Transformer Engine module(s); using it as it is",
                          len(existing))
         else:
-            plan = _common.plan_linears(module, self.fp8)
+            plan = fp8_support.plan_linears(module, self.fp8)
             device = self.device_backend.device if self.device_backend.torch_type() == "cuda" else "cuda"
             for name in plan.convert:
                 module = _replace(module, name, _te_linear(te, module.get_submodule(name), device))
@@ -152,7 +152,7 @@ class TransformerEngineFP8Precision(Precision):
                         converted.append(name)
             if main:
                 log.info("fp8 (te, %s): %s", self.recipe_spec[0], plan.describe())
-            _common.warn_small_layers(ENGINE, {n: plan.shapes[n] for n in plan.convert}, self.options, main)
+            fp8_support.warn_small_layers(ENGINE, {n: plan.shapes[n] for n in plan.convert}, self.options, main)
         self.converted.append(converted)
         self._models.append(module)
         for name, m in module.named_modules():

@@ -23,7 +23,7 @@ import torch
 from torchbay.errors import CheckpointError
 from torchbay.precision import Precision
 
-from torchbay import fp8 as _common
+from torchbay import fp8 as fp8_support
 
 log = logging.getLogger("torchbay.fp8")
 
@@ -85,17 +85,17 @@ class TorchaoFP8Precision(Precision):
     def check(cls, context) -> list[str]:
         fp8 = context.config.fp8
         options = dict(fp8.engine_options)
-        problems = _common.option_problems(ENGINE, options, OPTIONS)
+        problems = fp8_support.option_problems(ENGINE, options, OPTIONS)
         if fp8.recipe not in RECIPES:
-            problems.append(_common.unsupported_setting(
+            problems.append(fp8_support.unsupported_setting(
                 ENGINE, "recipe", fp8.recipe, "torchao offers dynamic scaling only: tensorwise (= current) or rowwise; "
                 "for delayed, block or mxfp8 scaling use fp8.backend: te"))
         if fp8.margin:
-            problems.append(_common.unsupported_setting(ENGINE, "margin", fp8.margin,
+            problems.append(fp8_support.unsupported_setting(ENGINE, "margin", fp8.margin,
                                                         "a margin applies to delayed scaling; set it to 0 or use fp8.backend: te"))
         for key in ("amax_history_len", "amax_compute_algo"):
-            if _common.is_explicit(context, key):
-                problems.append(_common.unsupported_setting(
+            if fp8_support.is_explicit(context, key):
+                problems.append(fp8_support.unsupported_setting(
                     ENGINE, key, getattr(fp8, key), "amax history belongs to delayed scaling, which torchao does not "
                     "offer; remove the setting or use fp8.backend: te"))
         device = context.device_backend_cls
@@ -134,11 +134,11 @@ class TorchaoFP8Precision(Precision):
         self.precompute_scales = bool(self.options.get("precompute_scales", self.fsdp_float8_all_gather))
         #: per converted model (in prepare order): the names of the converted Linear modules
         self.converted: list[list[str]] = []
-        self.plans: list[_common.LinearPlan] = []
+        self.plans: list[fp8_support.LinearPlan] = []
         self._modules: list[torch.nn.Module] = []
         #: how many times the FSDP2 FP8 weight scales were precomputed (after optimizer steps, after loads)
         self.scale_precomputations = 0
-        if self.emulate and _common.is_main_process(context):
+        if self.emulate and fp8_support.is_main_process(context):
             log.warning("fp8 (torchao): emulating FP8 (fp8.engine_options.emulate: true): FP8 numerics computed in "
                         "high precision; expect it to be slower than bf16. Use it to test, not to train fast.")
 
@@ -153,7 +153,7 @@ class TorchaoFP8Precision(Precision):
         for key in ("pad_inner_dim", "round_scales_to_power_of_2"):
             if key in self.options:
                 changes[key] = self.options[key]
-        if _common.is_explicit(self.context, "format"):
+        if fp8_support.is_explicit(self.context, "format"):
             # HYBRID: gradients in E5M2 (torchao's tensorwise default); E4M3: gradients in E4M3 too.
             # Unset, the torchao recipe's own choice stands (rowwise uses E4M3 throughout).
             from torchao.float8.config import e5m2_dtype
@@ -171,7 +171,7 @@ class TorchaoFP8Precision(Precision):
             return module
         from torchao.float8 import convert_to_float8_training
 
-        plan = _common.plan_linears(module, self.fp8)
+        plan = fp8_support.plan_linears(module, self.fp8)
         chosen = set(plan.convert)
         originals = {name: module.get_submodule(name).weight for name in plan.convert}
         module = convert_to_float8_training(module, config=self.float8_config(),
@@ -180,7 +180,7 @@ class TorchaoFP8Precision(Precision):
         self.plans.append(plan)
         self.converted.append(list(plan.convert))
         self._modules.append(module)
-        main = _common.is_main_process(self.context)
+        main = fp8_support.is_main_process(self.context)
         if main:
             log.info("fp8 (torchao, recipe %s%s): %s", self.recipe_name, ", emulated" if self.emulate else "",
                      plan.describe())
@@ -188,7 +188,7 @@ class TorchaoFP8Precision(Precision):
             log.warning("fp8 (torchao): no Linear module of this model was converted, so it trains in %s; see the "
                         "reasons above (fp8.include / fp8.exclude / fp8.keep_first_and_last)",
                         "bf16" if self.fp8.outer_autocast else "full precision")
-        _common.warn_small_layers(ENGINE, {n: plan.shapes[n] for n in plan.convert}, self.options, main, self.emulate)
+        fp8_support.warn_small_layers(ENGINE, {n: plan.shapes[n] for n in plan.convert}, self.options, main, self.emulate)
         return module
 
     # -- every step ---------------------------------------------------------------------
