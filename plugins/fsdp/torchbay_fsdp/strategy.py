@@ -109,9 +109,10 @@ class FSDPStrategy(Strategy):
 
     # -- precision ----------------------------------------------------------------------
     def adapt_precision(self, precision):
-        """fp16: the loss scaler must agree on inf/nan across ranks (each holds only a shard)."""
+        """fp16: the loss scaler must agree on inf/nan across ranks (each holds only a shard)
+        and unscale DTensor gradients: torch's ShardedGradScaler does both."""
         scaler = getattr(precision, "scaler", None)
-        if isinstance(scaler, torch.amp.GradScaler) and self.world_size > 1:
+        if isinstance(scaler, torch.amp.GradScaler):
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
             precision.scaler = ShardedGradScaler(
