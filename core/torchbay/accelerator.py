@@ -404,12 +404,18 @@ class Accelerator:
         return SkipFirstBatches(dataloader, num_batches)
 
     def get_state_dict(self, model: Any, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        """The full state dict (gathered from every rank when the strategy shards)."""
+        """The full state dict (gathered from every rank when the strategy shards).
+
+        Call it on every process: a sharding strategy gathers through a collective.
+        """
         return self.strategy.model_state_dict(model)
 
     def save_model(self, model: Any, save_directory: str, max_shard_size: str = "10GB",
                    safe_serialization: bool = True) -> list[str]:
-        """Write the full weights as (sharded) safetensors on the main process."""
+        """Write the full weights as (sharded) safetensors on the main process.
+
+        Call it on every process: a sharding strategy gathers the weights through a collective.
+        """
         from pathlib import Path
 
         from torchbay.builtin.checkpoint_io import SafetensorsCheckpointIO
