@@ -150,7 +150,7 @@ class Strategy:
             tensor = tensor[None]
         out = torch.empty((self.world_size * tensor.shape[0], *tensor.shape[1:]),
                           dtype=tensor.dtype, device=tensor.device)
-        dist.all_gather_into_tensor(out, tensor)
+        _all_gather_single(out, tensor)
         return out
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -226,3 +226,7 @@ class Strategy:
             except Exception as exc:
                 raise CheckpointError(f"optimizer {i} could not be restored from {path}: {exc}") from exc
 
+
+
+# torch 2.13 renamed all_gather_into_tensor; keep working on the older releases torchbay supports
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
