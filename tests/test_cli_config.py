@@ -329,3 +329,48 @@ def test_import_unquoted_no(capsys, tmp_path):
     code, out, err = run(capsys, "config", "import-accelerate", str(f))
     assert code == 0, err
     assert yaml.safe_load(out) == {"device": "cpu", "mixed_precision": "no"}
+
+
+def test_questionnaire_asks_a_chosen_plugins_own_section(capsys, tmp_path, monkeypatch):
+    from typing import Literal
+
+    from torchbay.config import Section
+    from torchbay.strategy import Strategy
+
+    class ShardyConfig(Section):
+        shards: int = 2
+        offload: bool = False
+        mode: Literal["fast", "small"] = "fast"
+
+    class Shardy(Strategy):
+        name = "shardy"
+
+    class Plugin:
+        @hookimpl
+        def torchbay_register_strategies(self):
+            return [Shardy]
+
+        @hookimpl
+        def torchbay_config_sections(self):
+            return {"shardy": ShardyConfig}
+
+    pm = PluginManager()
+    pm.register_plugin(Plugin(), "shardy")
+    reset_plugin_manager(pm)
+    answers = {"How many processes": "2", "Which strategy": "shardy", "shardy.shards": "4", "shardy.offload": "yes",
+               "shardy.mode": "small"}
+    prompts = []
+
+    def fake_input(prompt):
+        prompts.append(prompt)
+        return next((a for start, a in answers.items() if prompt.startswith(start)), "")
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    out_file = tmp_path / "s.yaml"
+    code, _, err = run(capsys, "config", "-o", str(out_file))
+    assert code == 0, err
+    tree = yaml.safe_load(out_file.read_text())
+    assert tree["strategy"] == "shardy" and tree["shardy"] == {"shards": 4, "offload": True, "mode": "small"}
+    assert any("[fast/small]" in p for p in prompts if p.startswith("shardy.mode"))
+    # a section of a plugin that was not chosen is not asked about
+    assert not [p for p in prompts if p.startswith(("fsdp.", "deepspeed."))]
