@@ -32,7 +32,7 @@ def mapping_table() -> dict[str, Any]:
 
 @dataclass
 class ImportReport:
-    mapped: list[tuple[str, str, Any]] = field(default_factory=list)  # (accelerate key, torchbay key, value)
+    mapped: list[tuple[str, Any, str, Any]] = field(default_factory=list)  # (key, its value, torchbay key, value)
     ignored: list[tuple[str, Any, str]] = field(default_factory=list)  # (key, value, why)
     not_imported: list[tuple[str, Any, str]] = field(default_factory=list)  # (key, value, why)
     unchecked: list[str] = field(default_factory=list)  # notes on sections no installed plugin checks
@@ -40,8 +40,8 @@ class ImportReport:
 
     def lines(self) -> list[str]:
         out = []
-        for key, target, value in self.mapped:
-            out.append(f"mapped       {key} = {value!r} -> {target}")
+        for key, original, target, value in self.mapped:
+            out.append(f"mapped       {key} = {original!r} -> {target} = {value!r}")
         for key, value, why in self.ignored:
             out.append(f"ignored      {key} = {value!r} (no effect{': ' + why if why else ''})")
         for key, value, why in self.not_imported:
@@ -76,9 +76,9 @@ def convert(data: dict[str, Any], pm=None) -> tuple[dict[str, Any], ImportReport
     flat: dict[str, Any] = {}
     data = dict(data)
 
-    def put(acc_key: str, dotted: str, value: Any) -> None:
+    def put(acc_key: str, dotted: str, value: Any, original: Any = None) -> None:
         flat[dotted] = value
-        report.mapped.append((acc_key, dotted, value))
+        report.mapped.append((acc_key, value if original is None else original, dotted, value))
 
     compute = data.pop("compute_environment", None)
     if compute is not None:
@@ -92,7 +92,7 @@ def convert(data: dict[str, Any], pm=None) -> tuple[dict[str, Any], ImportReport
     use_cpu = data.get("use_cpu")
     if dist_type in table["distributed_type"]:
         for key, value in table["distributed_type"][dist_type].items():
-            put("distributed_type", key, value)
+            put("distributed_type", key, value, dist_type)
         if not table["distributed_type"][dist_type]:
             report.ignored.append(("distributed_type", dist_type, "torchbay picks single or ddp from the process count"))
     else:
@@ -100,7 +100,7 @@ def convert(data: dict[str, Any], pm=None) -> tuple[dict[str, Any], ImportReport
         report.not_imported.append(("distributed_type", dist_type, why))
     if use_cpu:
         data.pop("use_cpu")
-        put("use_cpu", "device", "cpu")
+        put("use_cpu", "device", "cpu", use_cpu)
 
     for acc_key, dotted in table["top_level"].items():
         if acc_key in data:
@@ -148,6 +148,7 @@ def _convert_section(acc_section: str, spec: dict, body: dict, put, report: Impo
     for key, value in body.items():
         name = f"{acc_section}.{key}"
         rule = spec["keys"].get(key)
+        original = value
         if rule is None:
             report.not_imported.append((name, value, f"no torchbay '{target}' setting corresponds to it"))
             continue
@@ -171,12 +172,12 @@ def _convert_section(acc_section: str, spec: dict, body: dict, put, report: Impo
             value = translated
         if "split" in rule and isinstance(value, str):
             value = [part.strip() for part in value.split(rule["split"]) if part.strip()]
-        put(name, rule["top"] if "top" in rule else f"{target}.{rule['key']}", value)
+        put(name, rule["top"] if "top" in rule else f"{target}.{rule['key']}", value, original)
     for key, implied in (spec.get("implies") or {}).items():
         current = flat.get(f"{target}.{key}")
         for sub, value in (implied.get(current) or {}).items():
             if f"{target}.{sub}" not in flat:
-                put(f"{acc_section}.{key}", f"{target}.{sub}", value)
+                put(f"{acc_section}.{key}", f"{target}.{sub}", value, body.get(key))
 
 
 def _check(tree: dict, table: dict, report: ImportReport, pm, config_model) -> None:
