@@ -164,6 +164,7 @@ class DeepSpeedStrategy(Strategy):
             # DeepSpeed wants a process group even for one process
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            self.cluster.export_torch_env()  # DeepSpeed reads RANK / LOCAL_RANK / WORLD_SIZE too
             dist.init_process_group(backend=backend, rank=0, world_size=1)
             self.owns_process_group = True
         else:
@@ -181,6 +182,13 @@ class DeepSpeedStrategy(Strategy):
             if rec.engine is not None:
                 with contextlib.suppress(Exception):
                     rec.engine.destroy()
+        if self.owns_process_group and dist.is_initialized() and self._ds is not None:
+            with contextlib.suppress(Exception):
+                dist.barrier()
+            import deepspeed.comm
+
+            deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached groups
+            self.owns_process_group = False
         super().teardown()
 
     def adapt_precision(self, precision):
