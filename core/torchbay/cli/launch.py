@@ -22,6 +22,7 @@ def register(subparsers) -> None:
     from torchbay.cli._options import add_config_options
 
     parser = subparsers.add_parser("launch", help="run a script in N processes (torchrun underneath)",
+                                   usage="torchbay launch [options] [-m] TARGET [ARGS ...]",
                                    description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_options(parser, "launch")
     parser.add_argument("-m", "--module", action="store_true", help="run TARGET as a module (python -m TARGET)")
@@ -29,7 +30,7 @@ def register(subparsers) -> None:
                         help="print the plan (each number with its source) and the torchrun command; start nothing")
     parser.add_argument("-q", "--quiet", action="store_true", help="do not print the plan line before starting")
     parser.add_argument("script", metavar="TARGET", help="the training script (or module with -m)")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to the script")
     parser.set_defaults(func=launch_command)
 
 

@@ -14,6 +14,7 @@ def register(subparsers) -> None:
 
     parser = subparsers.add_parser(
         "test", help="run a short real training in every process and report each check",
+        usage="torchbay test [options]",
         description="Start the configured job (same flags as torchbay launch) running a tiny model: checks the "
                     "process group, collectives, data sharding, one optimizer step and a save/load round trip.")
     add_config_options(parser, "test")
