@@ -128,6 +128,30 @@ def test_killed_rank_ends_the_job(tmp_path):
     assert not processes_mentioning(str(tmp_path))
 
 
+def test_stopping_the_launcher_stops_every_process(tmp_path):
+    proc = subprocess.Popen([*TORCHBAY, "launch", "-q", "--num-processes", "2", str(SCRIPTS / "cli_fail.py"),
+                             str(tmp_path), "kill", "9"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(), cwd=str(HERE))
+    try:
+        _wait_for([tmp_path / "pid0", tmp_path / "pid1"])
+        time.sleep(1.0)
+        assert len(processes_mentioning(str(tmp_path))) >= 4  # launcher, 2 ranks, rank 0's child
+        stopped_at = time.time()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        ended = time.time()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "stopped by signal SIGTERM" in err
+    assert ended - stopped_at < 15
+    deadline = time.time() + 5
+    while processes_mentioning(str(tmp_path)) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not processes_mentioning(str(tmp_path))
+
+
 def test_inside_an_allocation_each_task_becomes_its_rank(tmp_path):
     """``srun -n 2 torchbay launch script`` (simulated): SLURM started the processes; torchbay
     must not start more: each task becomes its rank, with the layout read from the allocation."""

@@ -1,6 +1,7 @@
 """Run by torchbay launch in tests: rank BAD fails (raise, or waits to be killed); the others keep
 running collectives, so they fail afterwards of the broken collective (or are stopped)."""
 import os
+import subprocess
 import sys
 import time
 
@@ -13,6 +14,8 @@ acc = Accelerator()
 rank = acc.process_index
 with open(os.path.join(out_dir, f"pid{rank}"), "w") as f:
     f.write(str(os.getpid()))
+if rank == 0:  # something the script itself started: it must not outlive the job either
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", out_dir])
 acc.reduce(torch.ones(1))
 if rank == bad and mode == "raise":
     time.sleep(0.5)

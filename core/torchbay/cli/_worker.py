@@ -90,6 +90,20 @@ def run(argv: list[str]) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
+def stop_own_children() -> None:
+    """Stop what a failed rank started: torchrun gives each worker its own process group and
+    kills the groups of the workers still running, but not of one that already exited."""
+    import signal
+
+    if os.getpgrp() != os.getpid():  # not a group of our own (e.g. a task under srun): leave it
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        os.killpg(os.getpid(), signal.SIGTERM)
+    except OSError:
+        pass
+
+
 def fast_exit(code: int) -> None:
     """Leave a failed rank now: run the exit handlers (the user's too), flush, and skip the
     interpreter's slow teardown (seconds once torch is imported), so the job ends promptly."""
@@ -97,6 +111,7 @@ def fast_exit(code: int) -> None:
 
     try:
         atexit._run_exitfuncs()
+        stop_own_children()
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
