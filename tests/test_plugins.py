@@ -141,3 +141,21 @@ def test_plugin_commands_and_cli_options_reach_the_cli(site):
     proc = subprocess.run([sys.executable, "-m", "torchbay.cli.main", "toy-hello"], capture_output=True, text=True,
                           env=full_env, timeout=60)
     assert proc.returncode == 0 and "hello from toy" in proc.stdout
+
+
+def test_dash_p_loads_and_blocks_plugins_like_pytest(site, tmp_path):
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
+    base["PYTHONPATH"] = site + os.pathsep + str(tmp_path)
+    (tmp_path / "my_module_plugin.py").write_text(
+        "from torchbay import hookimpl\n\n@hookimpl\ndef torchbay_add_commands(subparsers):\n"
+        "    subparsers.add_parser('module-hello').set_defaults(func=lambda a: print('hello from module') or 0)\n")
+
+    def cli(*args, env=None):
+        return subprocess.run([sys.executable, "-m", "torchbay.cli.main", *args], capture_output=True, text=True,
+                              env={**base, **(env or {})}, timeout=60)
+
+    assert cli("-p", "no:toy", "toy-hello").returncode == 2  # blocked: the command is gone
+    off = {"TORCHBAY_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    assert cli("toy-hello", env=off).returncode == 2
+    assert "hello from toy" in cli("-p", "toy", "toy-hello", env=off).stdout
+    assert "hello from module" in cli("-pmy_module_plugin", "module-hello").stdout

@@ -3,28 +3,42 @@
 >>> from torchbay import Accelerator
 >>> accelerator = Accelerator(mixed_precision="bf16")
 >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+Names are imported on first use, so ``import torchbay`` (and every ``torchbay`` command
+start) pays only for what it touches.
 """
 
-from torchbay.accelerator import Accelerator
-from torchbay.checkpointing import CheckpointIO
-from torchbay.cluster import ClusterEnvironment
-from torchbay.config import resolve_config
-from torchbay.device import DeviceBackend
-from torchbay.errors import CheckpointError, ConfigError, IncompatibleSetupError, LaunchError, PluginError, TorchbayError
-from torchbay.kwargs import (AutocastKwargs, DataLoaderConfiguration, DistributedDataParallelKwargs,
-                             GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs,
-                             ProjectConfiguration)
-from torchbay.plugins import PluginManager, get_plugin_manager, hookimpl
-from torchbay.precision import Precision
-from torchbay.strategy import Strategy
-from torchbay.utils import get_logger, set_seed, tqdm
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Accelerator", "AutocastKwargs", "CheckpointError", "CheckpointIO", "ClusterEnvironment", "ConfigError",
-    "DataLoaderConfiguration", "DeviceBackend", "DistributedDataParallelKwargs", "GradScalerKwargs",
-    "GradientAccumulationPlugin", "IncompatibleSetupError", "InitProcessGroupKwargs", "LaunchError", "PluginError",
-    "PluginManager", "Precision", "ProjectConfiguration", "Strategy", "TorchbayError", "get_logger",
-    "get_plugin_manager", "hookimpl", "resolve_config", "set_seed", "tqdm",
-]
+_EXPORTS = {
+    "torchbay.accelerator": ["Accelerator"],
+    "torchbay.checkpointing": ["CheckpointIO"],
+    "torchbay.cluster": ["ClusterEnvironment"],
+    "torchbay.config": ["resolve_config"],
+    "torchbay.device": ["DeviceBackend"],
+    "torchbay.errors": ["CheckpointError", "ConfigError", "IncompatibleSetupError", "LaunchError", "PluginError",
+                        "TorchbayError"],
+    "torchbay.kwargs": ["AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs",
+                        "GradientAccumulationPlugin", "GradScalerKwargs", "InitProcessGroupKwargs",
+                        "ProjectConfiguration"],
+    "torchbay.plugins": ["PluginManager", "get_plugin_manager", "hookimpl"],
+    "torchbay.precision": ["Precision"],
+    "torchbay.strategy": ["Strategy"],
+    "torchbay.utils": ["get_logger", "set_seed", "tqdm"],
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'torchbay' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

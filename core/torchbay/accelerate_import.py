@@ -1,6 +1,6 @@
 """Convert a Hugging Face Accelerate config file into a torchbay config.
 
-The mapping is data (``torchbay/data/accelerate.yaml``): Accelerate's key names and values
+The mapping is data (``torchbay/resources/accelerate.yaml``): Accelerate's key names and values
 on one side, torchbay's dotted keys on the other. Every key of the input ends up in exactly
 one of three lists, so that nothing is dropped silently:
 
@@ -26,7 +26,7 @@ from torchbay.errors import ConfigError
 
 
 def mapping_table() -> dict[str, Any]:
-    text = importlib.resources.files("torchbay").joinpath("data/accelerate.yaml").read_text()
+    text = importlib.resources.files("torchbay").joinpath("resources/accelerate.yaml").read_text()
     return yaml.safe_load(text)
 
 

@@ -485,6 +485,6 @@ def _teardown_at_exit() -> None:
     # gloo can abort a rank at interpreter exit while a process group is alive
     for accelerator in list(_live):
         with contextlib.suppress(Exception):
-            accelerator.strategy.teardown()
+            accelerator.strategy.teardown(barrier=False)
 
 

@@ -101,6 +101,7 @@ class LaunchSection(Section):
     main_process_port: Optional[int] = Field(None, ge=1, le=65535)
     rdzv_backend: str = "static"
     rdzv_endpoint: Optional[str] = None
+    rdzv_id: str = Field("none", description="rendezvous job id, the same on every machine of a job")
     max_restarts: int = Field(0, ge=0)
     monitor_interval: float = Field(0.1, gt=0)
 

@@ -124,7 +124,8 @@ def torchbay_add_cli_options(parser: argparse.ArgumentParser, command: str) -> N
     feed the config tree as the "cli" source. Historic.
 
     :param parser: the argparse parser of that command.
-    :param command: ``"launch"`` or ``"test"`` (commands that take run settings).
+    :param command: the command whose parser this is: ``"launch"``, ``"test"`` or
+        ``"estimate-memory"`` (``config show`` reads the ``"launch"`` options).
     """
 
 

@@ -103,6 +103,7 @@ class LaunchPlan:
     allocation: str | None = None  # name of the cluster environment that started us
     rank: int | None = None  # direct mode: this process's rank
     local_rank: int | None = None
+    rdzv_id: str = "none"
 
     def cluster(self) -> ClusterEnvironment:
         return PlannedCluster(self.num_processes, self.nproc_per_node, self.machine_rank,
@@ -228,7 +229,7 @@ def plan_launch(resolved: ResolvedConfig, pm, *, environ: Mapping[str, str] | No
                       main_process_port=values["main_process_port"], rdzv_backend=values["rdzv_backend"],
                       rdzv_endpoint=values["rdzv_endpoint"], max_restarts=values["max_restarts"],
                       monitor_interval=values["monitor_interval"], sources=src, allocation=alloc_name,
-                      rank=rank, local_rank=local_rank)
+                      rank=rank, local_rank=local_rank, rdzv_id=resolved.config.launch.rdzv_id)
 
 
 def apply_plan(resolved: ResolvedConfig, plan: LaunchPlan) -> None:
@@ -275,9 +276,9 @@ def torchrun_argv(plan: LaunchPlan, target: str, target_args: list[str], module:
                 argv += ["--rdzv-endpoint", plan.rdzv_endpoint]
         # else: one machine, no port given: torchrun picks a free port itself (c10d on localhost:0)
     else:
-        # torchrun's default job id ("none"): every machine of the job uses the same one
+        # every machine of the job must use the same id (torchrun's default is "none")
         argv += ["--rdzv-backend", plan.rdzv_backend, "--rdzv-endpoint", plan.rdzv_endpoint or "localhost:0",
-                 "--rdzv-id", "none"]
+                 "--rdzv-id", plan.rdzv_id]
     argv.append(WORKER)
     argv += (["-m", target] if module else [target]) + list(target_args)
     return argv

@@ -14,6 +14,7 @@ the exception; the core keeps working without it.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata as importlib_metadata
 import os
 import traceback
@@ -76,6 +77,7 @@ class PluginManager(pluggy.PluginManager):
         if builtins:
             self._register_builtins()
         self._load_entry_points()
+        self._load_named_modules()
         self._registries: dict[str, dict[str, Any]] | None = None
 
     # -- loading ------------------------------------------------------------------------
@@ -110,6 +112,15 @@ class PluginManager(pluggy.PluginManager):
                 info.status = "failed"
                 info.error = f"{type(exc).__name__}: {exc}"
                 info.traceback = traceback.format_exc()  # type: ignore[attr-defined]
+
+    def _load_named_modules(self) -> None:
+        """``TORCHBAY_PLUGINS`` / ``-p`` names that are no entry point are imported as modules."""
+        for name in sorted(self.only - set(self.infos) - self.blocked):
+            info = self.infos[name] = PluginInfo(name, "(module)", "", "loaded")
+            try:
+                self.register(importlib.import_module(name), name=name)
+            except Exception as exc:
+                info.status, info.error = "failed", f"{type(exc).__name__}: {exc}"
 
     def register_plugin(self, plugin: Any, name: str) -> None:
         """Register an in-process plugin object (tests, notebooks); resets the registries."""

@@ -86,11 +86,16 @@ class Strategy:
         dist.init_process_group(backend=backend, rank=self.rank, world_size=self.world_size, **kwargs)
         self.owns_process_group = True
 
-    def teardown(self) -> None:
-        """Destroy the process group this strategy created (gloo may abort at exit otherwise)."""
+    def teardown(self, barrier: bool = True) -> None:
+        """Destroy the process group this strategy created (gloo may abort at exit otherwise).
+
+        ``barrier=False`` at interpreter exit: a rank dying of an exception must not wait for
+        ranks stuck in another collective.
+        """
         if self.owns_process_group and dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.barrier()
+            if barrier:
+                with contextlib.suppress(Exception):
+                    dist.barrier()
             dist.destroy_process_group()
         self.owns_process_group = False
 

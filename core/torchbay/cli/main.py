@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from torchbay.errors import TorchbayError
@@ -12,11 +13,40 @@ from torchbay.errors import TorchbayError
 COMMAND_MODULES = ("launch", "config_cmd", "env", "plugins_cmd", "test_cmd", "estimate_memory", "new_plugin")
 
 
+def apply_plugin_flags(argv: list[str]) -> list[str]:
+    """Consume leading ``-p NAME`` / ``-p no:NAME`` (as pytest has) into the plugin env vars.
+
+    They go into ``TORCHBAY_PLUGINS`` / ``TORCHBAY_BLOCK_PLUGINS`` so that workers started by
+    ``torchbay launch`` see the same plugins. Only options before the command are read.
+    """
+    load, block = [], []
+    while argv and (argv[0] == "-p" or (argv[0].startswith("-p") and not argv[0].startswith("--"))):
+        if argv[0] == "-p":
+            if len(argv) < 2:
+                raise SystemExit("torchbay: error: -p needs a plugin name (-p NAME or -p no:NAME)")
+            value, argv = argv[1], argv[2:]
+        else:
+            value, argv = argv[0][2:], argv[1:]
+        (block if value.startswith("no:") else load).append(value.removeprefix("no:"))
+    for var, names in (("TORCHBAY_PLUGINS", load), ("TORCHBAY_BLOCK_PLUGINS", block)):
+        if names:
+            current = [n for n in os.environ.get(var, "").split(",") if n]
+            os.environ[var] = ",".join(current + names)
+    if load or block:
+        from torchbay.plugins import reset_plugin_manager
+
+        reset_plugin_manager(None)
+    return argv
+
+
 def build_parser() -> argparse.ArgumentParser:
     from torchbay.plugins import get_plugin_manager
 
     parser = argparse.ArgumentParser(prog="torchbay", description="Run your own PyTorch loop on any device, "
                                      "strategy and precision.")
+    parser.add_argument("-p", dest="plugin_flags", action="append", metavar="NAME",
+                        help="load plugin NAME (an entry-point name or an importable module), or block it "
+                             "with -p no:NAME; give before the command, may repeat")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -31,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = apply_plugin_flags(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
