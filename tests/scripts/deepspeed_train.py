@@ -24,7 +24,7 @@ result = {}
 t0 = time.perf_counter()
 for ga in (1, 2):
     result[f"ddp_ga{ga}"] = train("ddp", ga, K, clip=CLIP)
-    for stage in (1, 2, 3):
+    for stage in (0, 1, 2, 3):
         cfg = {"deepspeed": {"zero_stage": stage, "gradient_clipping": CLIP}}
         if stage == 3:  # partition even these small tensors
             cfg["deepspeed"]["config"] = {"zero_optimization": {"stage3_param_persistence_threshold": 0}}

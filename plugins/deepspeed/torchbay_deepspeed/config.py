@@ -52,7 +52,8 @@ class DeepSpeedSection(Section):
     gradient_clipping: Optional[float] = Field(None, ge=0, description="max gradient norm DeepSpeed clips to")
     zero3_init: bool = Field(False, description="build models under deepspeed.zero.Init (strategy.zero_init())")
     zero3_save_16bit_model: Optional[bool] = Field(
-        None, description="gather full 16-bit weights on save (default true)")
+        None, description="DeepSpeed's stage3_gather_16bit_weights_on_model_save (engine.save_16bit_model); "
+                          "torchbay's save_model / get_state_dict gather the full weights either way")
     train_micro_batch_size_per_gpu: Optional[int] = Field(
         None, ge=1, description="default: the prepared data loader's per-process batch size")
     config: dict[str, Any] = Field(default_factory=dict,

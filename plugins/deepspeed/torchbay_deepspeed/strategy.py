@@ -90,6 +90,9 @@ class EngineRecord:
     report: list = field(default_factory=list)
     param_ids: set = field(default_factory=set)
     has_optimizer: bool = False
+    #: ZeRO stage 0 in fp32 keeps no norm: measured here before the step when clipping is on
+    measure_norm: bool = False
+    last_norm: Optional[float] = None
 
     @property
     def trains(self) -> bool:
@@ -292,6 +295,8 @@ class DeepSpeedStrategy(Strategy):
             kwargs["lr_scheduler"] = sched.lr_scheduler_callable
         engine, _, _, _ = ds.initialize(**kwargs)
         rec.engine, rec.config, rec.report, rec.has_optimizer = engine, filled, report, has_opt
+        rec.measure_norm = (has_opt and not engine.zero_optimization() and bool(engine.gradient_clipping())
+                            and not (engine.fp16_enabled() or engine.bfloat16_enabled()))
         if proxy is not None:
             proxy.engine = engine
             rec.optimizer = proxy
@@ -355,12 +360,17 @@ class DeepSpeedStrategy(Strategy):
                             f"model=<the one to update> to accelerator.backward")
 
     def backward(self, loss: torch.Tensor, model: Any = None, **kwargs) -> None:
-        engine = self._record_for_backward(loss, model).engine
-        engine.set_gradient_accumulation_boundary(self._sync())
+        rec = self._record_for_backward(loss, model)
+        engine = rec.engine
+        sync = self._sync()
+        engine.set_gradient_accumulation_boundary(sync)
         engine.backward(loss, retain_graph=bool(kwargs.pop("retain_graph", False)))
         if kwargs:
             raise TorchbayError(f"accelerator.backward under DeepSpeed takes retain_graph and model only, "
                                 f"not {', '.join(kwargs)}")
+        if rec.measure_norm and sync:  # gradients are all-reduced by now; the step clips and zeroes them
+            grads = [p.grad for p in rec.module.parameters() if p.grad is not None]
+            rec.last_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
         engine.step()
 
     def no_sync(self, model: Any):
@@ -381,7 +391,7 @@ class DeepSpeedStrategy(Strategy):
                 f"under strategy deepspeed, gradients are clipped inside DeepSpeed's step (L2 norm only): set "
                 f"deepspeed.gradient_clipping: {max_norm} (it is {clip or 'not set'}); clip_grad_norm_ then returns "
                 f"the norm DeepSpeed measured")
-        norm = rec.engine.get_global_grad_norm()
+        norm = rec.last_norm if rec.measure_norm else rec.engine.get_global_grad_norm()
         return torch.tensor(float("nan") if norm is None else float(norm))
 
     def clip_grad_value_(self, parameters, clip_value: float) -> None:
