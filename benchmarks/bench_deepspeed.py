@@ -93,14 +93,35 @@ def worker(args) -> None:
         model = build()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         model, opt = acc.prepare(model, opt)
+        inside = [0.0]  # seconds spent inside the engine's own backward/step during torchbay steps
+
+        def timed(fn):
+            def run(*a, **k):
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    inside[0] += time.perf_counter() - t
+            return run
+
+        engine_backward, engine_step = model.backward, model.step
+        layer_us = []
         for i, (x, y) in enumerate(batches):
             t0 = time.perf_counter()
             if i % 2 == 0:
+                model.backward, model.step = timed(engine_backward), timed(engine_step)
+                inside[0] = 0.0
                 with acc.accumulate(model):
-                    loss = nn.functional.mse_loss(model(x), y)
+                    tf = time.perf_counter()
+                    out = model(x)
+                    inside[0] += time.perf_counter() - tf
+                    loss = nn.functional.mse_loss(out, y)
                     acc.backward(loss)
                     opt.step()
                     opt.zero_grad()
+                model.backward, model.step = engine_backward, engine_step
+                if i >= args.warmup:  # everything but the engine's forward/backward/step (and the loss)
+                    layer_us.append((time.perf_counter() - t0 - inside[0]) * 1e6)
             else:
                 loss = nn.functional.mse_loss(model(x), y)
                 model.backward(loss)
@@ -140,6 +161,7 @@ def worker(args) -> None:
            "peak_rss_mib": peak / 1024, "loss": float(loss.detach())}
     if raw_times:
         row["direct_step_ms"] = statistics.median(raw_times) * 1e3
+        row["torchbay_layer_us"] = statistics.median(layer_us)
     rows = [None] * dist.get_world_size()
     dist.all_gather_object(rows, row)
     if rank == 0:
@@ -174,6 +196,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--only-interleaved", action="store_true", help="skip the separate launches")
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -183,7 +206,7 @@ def main() -> None:
           f"2 processes, gloo, 1 thread each; {args.steps} timed steps after {args.warmup}")
     results: dict[str, list[list[dict]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.repeats):
+        for _ in range(0 if args.only_interleaved else args.repeats):
             for mode in ("ddp", "zero2", "zero3", "raw2", "raw3"):
                 results.setdefault(mode, []).append(launch(mode, args, tmp))
         for mode in ("ab2", "ab3"):
@@ -195,21 +218,27 @@ def main() -> None:
     def peak(mode, rank):
         return statistics.median(run[rank]["peak_rise_mib"] for run in results[mode])
 
-    print(f"\nseparate launches ({args.repeats} each, median; the machine is shared, so step times carry its load):")
+    for mode in ("ddp", "zero2", "zero3", "raw2", "raw3"):
+        results.setdefault(mode, [])
+    print(f"\nseparate launches ({0 if args.only_interleaved else args.repeats} each, median; the machine is shared, so step times carry its load):")
     print(f"{'strategy':<26}{'step ms':>10}{'peak rise MiB r0':>18}{'r1':>8}{'peak RSS MiB r0':>17}")
     labels = {"ddp": "torchbay DDP", "zero2": "torchbay ZeRO-2", "zero3": "torchbay ZeRO-3",
               "raw2": "DeepSpeed direct ZeRO-2", "raw3": "DeepSpeed direct ZeRO-3"}
-    for mode in ("ddp", "zero2", "zero3", "raw2", "raw3"):
+    for mode in [m for m in ("ddp", "zero2", "zero3", "raw2", "raw3") if results[m]]:
         print(f"{labels[mode]:<26}{step_ms(mode):>10.1f}{peak(mode, 0):>18.1f}{peak(mode, 1):>8.1f}"
               f"{statistics.median(run[0]['peak_rss_mib'] for run in results[mode]):>17.1f}")
     overhead = {}
     for stage in (2, 3):
-        sep = (step_ms(f"zero{stage}") / step_ms(f"raw{stage}") - 1) * 100
+        sep = (step_ms(f"zero{stage}") / step_ms(f"raw{stage}") - 1) * 100 if results["raw2"] else float("nan")
         ab = (step_ms(f"ab{stage}") / step_ms(f"ab{stage}", "direct_step_ms") - 1) * 100
         overhead[f"zero{stage}_separate_pct"], overhead[f"zero{stage}_interleaved_pct"] = sep, ab
         print(f"torchbay+DeepSpeed vs DeepSpeed direct, ZeRO-{stage}: separate launches {sep:+.1f}%; same engine, "
               f"steps interleaved: {step_ms(f'ab{stage}'):.1f} vs {step_ms(f'ab{stage}', 'direct_step_ms'):.1f} ms "
               f"= {ab:+.1f}% (target within 3%)")
+        layer = statistics.median(max(r["torchbay_layer_us"] for r in run) for run in results[f"ab{stage}"])
+        overhead[f"zero{stage}_torchbay_layer_us"] = layer
+        print(f"  torchbay's own time per step (outside the engine's forward/backward/step, loss included): "
+              f"{layer:.0f} us = {layer / 10 / step_ms(f'ab{stage}'):.3f}% of the step")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": results, "overhead_pct": overhead, "args": vars(args)}, f, indent=2)

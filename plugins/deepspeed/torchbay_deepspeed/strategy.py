@@ -180,19 +180,20 @@ class DeepSpeedStrategy(Strategy):
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         ds.init_distributed(dist_backend=backend, auto_mpi_discovery=False, dist_init_required=False)
 
-    def teardown(self) -> None:
+    def teardown(self, barrier: bool = True) -> None:
         for rec in self.records:
             if rec.engine is not None:
                 with contextlib.suppress(Exception):
                     rec.engine.destroy()
         if self.owns_process_group and dist.is_initialized() and self._ds is not None:
-            with contextlib.suppress(Exception):
-                dist.barrier()
+            if barrier:  # not at interpreter exit: a dying rank must not wait for stuck peers
+                with contextlib.suppress(Exception):
+                    dist.barrier()
             import deepspeed.comm
 
             deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached groups
             self.owns_process_group = False
-        super().teardown()
+        super().teardown(barrier=barrier)
 
     def adapt_precision(self, precision):
         return DeepSpeedPrecision(self.context)
