@@ -1,6 +1,7 @@
 """Core overhead, side by side in one run: the same training step through the Accelerator
 and as a raw PyTorch loop (3 x Linear(256), batch 32, AdamW, 1 thread), plain, with
-gradient accumulation 4, and with bf16 autocast; and `import torchbay` vs `import torch`.
+gradient accumulation 4, and with bf16 autocast; and `import torch` vs `from torchbay import
+Accelerator` plus building the plugin registries (with every plugin of this repository installed).
 
 Rounds alternate raw and torchbay so that machine noise hits both; the ratio is the median
 over rounds of (torchbay time / raw time).
@@ -63,14 +64,23 @@ def torchbay_loop(steps, accumulation, bf16):
     return elapsed
 
 
-def import_time(module, rounds):
-    times = []
-    for _ in range(rounds):
-        out = subprocess.run([sys.executable, "-X", "importtime", "-c", f"from {module} import *"], capture_output=True,
-                             text=True, check=True).stderr
-        last = [line for line in out.splitlines() if line.rstrip().endswith(f"| {module}")][-1]
-        times.append(int(last.split("|")[1]) / 1e6)  # cumulative microseconds of the top-level import
-    return statistics.median(times)
+def import_seconds(statement):
+    code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def import_times(rounds):
+    """``import torch`` vs what a user script does first, with every plugin installed:
+    ``from torchbay import Accelerator`` and building the plugin registries."""
+    ours_statement = ("from torchbay import Accelerator; from torchbay.plugins import get_plugin_manager; "
+                      "get_plugin_manager().registries()")
+    torch_s, ours_s = [], []
+    for i in range(rounds):
+        pair = [("torch", "import torch"), ("ours", ours_statement)]
+        for name, statement in (pair if i % 2 == 0 else pair[::-1]):
+            (torch_s if name == "torch" else ours_s).append(import_seconds(statement))
+    return statistics.median(torch_s), statistics.median(ours_s), statistics.median(
+        [o / t for o, t in zip(ours_s, torch_s)])
 
 
 def main():
@@ -83,15 +93,18 @@ def main():
     for name, accumulation, bf16 in [("plain", 1, False), ("grad accumulation 4", 4, False), ("bf16 autocast", 1, True)]:
         raw_loop(20, accumulation, bf16), torchbay_loop(20, accumulation, bf16)  # warm up
         raws, ours, ratios = [], [], []
-        for _ in range(args.rounds):
-            r = raw_loop(args.steps, accumulation, bf16)
-            t = torchbay_loop(args.steps, accumulation, bf16)
+        for i in range(args.rounds):  # alternate which runs first, so order effects cancel
+            if i % 2 == 0:
+                r = raw_loop(args.steps, accumulation, bf16)
+                t = torchbay_loop(args.steps, accumulation, bf16)
+            else:
+                t = torchbay_loop(args.steps, accumulation, bf16)
+                r = raw_loop(args.steps, accumulation, bf16)
             raws.append(r), ours.append(t), ratios.append(t / r)
         print(f"{name:<26}{statistics.median(raws):>9.3f}{statistics.median(ours):>12.3f}"
               f"{statistics.median(ratios):>8.3f}")
-    torch_s = import_time("torch", args.rounds)
-    ours_s = import_time("torchbay", args.rounds)
-    print(f"{'import (torch vs torchbay)':<26}{torch_s:>9.3f}{ours_s:>12.3f}{ours_s / torch_s:>8.3f}")
+    torch_s, ours_s, ratio = import_times(args.rounds)
+    print(f"{'import (torch vs torchbay)':<26}{torch_s:>9.3f}{ours_s:>12.3f}{ratio:>8.3f}")
 
 
 if __name__ == "__main__":

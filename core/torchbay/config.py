@@ -51,7 +51,7 @@ RENAMED_KEYS = {
 class Section(BaseModel):
     """Base of every config section: unknown keys are errors, values are checked on set."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
 
 
 class FP8Config(Section):
