@@ -55,3 +55,17 @@ def test_resume_mid_epoch_is_exact(tmp_path, script, world):
         assert len(first["seen"]) == stop
         assert first["seen"] + resumed["seen"] == full["seen"], "resumed run served different batches"
         _assert_weights_close(full["weights"], resumed["weights"], atol=0)
+
+
+def test_a_one_process_checkpoint_loads_into_two_processes(tmp_path, script):
+    ckpt = str(tmp_path / "ckpt")
+    common = ["--steps", "8", "--batch-size", "4"]
+    run_python(script("core_train.py"), common + ["--phase", "first", "--stop-at", "4", "--ckpt", ckpt,
+                                                  "--out", str(tmp_path / "a")]).check()
+    result = run_torchrun(script("core_train.py"), 2, common + ["--phase", "resume", "--ckpt", ckpt,
+                                                                "--out", str(tmp_path / "b")]).check()
+    assert "resumes with the RNG state of rank 0" in result.stderr
+    first = _load(tmp_path / "a", 1)[0]
+    r0, r1 = _load(tmp_path / "b", 2)
+    _assert_weights_close(r0["weights"], r1["weights"], atol=0)  # DDP kept the loaded weights in sync
+    assert r0["weights"] != first["weights"]  # and training went on from them

@@ -244,9 +244,15 @@ class StateCheckpointer:
         acc._load_training_state(_torch_load(directory / "training_state.pt", "training state"))
         rank = acc.process_index
         rng_file = directory / f"rng_state_{rank}.pt"
+        saved_world = int(manifest["world_size"])
+        if not rng_file.exists() and rank >= saved_world:
+            # more processes than saved it: the strategy has restored (or refused) the weights; this
+            # rank takes the RNG stream of a saved rank, so its random draws repeat that rank's
+            rng_file = directory / f"rng_state_{rank % saved_world}.pt"
+            log.warning("rank %d: the checkpoint was written by %d process(es); this rank resumes with the RNG "
+                        "state of rank %d", rank, saved_world, rank % saved_world)
         if not rng_file.exists():
-            raise CheckpointError(f"RNG state of rank {rank} is missing: the checkpoint was written by "
-                                  f"{manifest['world_size']} process(es), this run has {acc.num_processes}")
+            raise CheckpointError(f"RNG state of rank {rank} is missing from {directory} ({rng_file.name})")
         restore_rng_state(_torch_load(rng_file, f"RNG state of rank {rank}"), acc.device_backend)
         extra_file = directory / f"plugin_state_{rank}.pt"
         if acc.pm.hook.torchbay_load_state_extra.get_hookimpls():
