@@ -147,40 +147,40 @@ def test_xpu_backend_is_xccl_when_torch_has_it(monkeypatch):
     assert cls.dist_backend() == "ccl"
 
 
+def core_validate(pm, cls, config, per_machine, world=None):
+    """The core's own validation (torchbay.builtin.validation) of a job on device class ``cls``."""
+    from torchbay.builtin.validation import torchbay_validate
+
+    cluster = SimpleNamespace(local_world_size=lambda: per_machine, world_size=lambda: world or per_machine)
+    return torchbay_validate(context=SimpleNamespace(device_backend_cls=cls, config=config, cluster=cluster))
+
+
 @pytest.mark.parametrize("name", sorted(VISIBLE))
-def test_launch_env_sets_visible_devices_when_selected(pm, name):
-    mod = plugin(name)
-    config = config_for(pm, name, **{name: {"visible_devices": "2,3"}})
-    assert mod.torchbay_launch_env(config=config, local_world_size=2) == {VISIBLE[name]: "2,3"}
-    assert mod.torchbay_launch_env(config=config_for(pm, name), local_world_size=2) == {}
-    # another device chosen, or auto where this one is not available: nothing
-    assert mod.torchbay_launch_env(config=config_for(pm, "cpu", **{name: {"visible_devices": "2,3"}}),
-                                   local_world_size=2) is None
-    assert mod.torchbay_launch_env(config=config_for(pm, "auto"), local_world_size=2) is None
+def test_visible_devices_reach_the_workers_through_the_core_setting(pm, name):
+    cls = backend(name)
+    env = cls.worker_env(config_for(pm, name, visible_devices="2,3"), 2)
+    assert env[VISIBLE[name]] == "2,3"
+    assert VISIBLE[name] not in cls.worker_env(config_for(pm, name), 2)
+    assert not hasattr(plugin(name), "torchbay_config_sections") or name == "hpu"  # no per-plugin copy of it
 
 
-def test_launch_env_through_the_hook_merges_only_the_selected_device(pm):
-    config = config_for(pm, "npu", npu={"visible_devices": "4,5"}, cuda={"visible_devices": "0"})
-    merged = {}
-    for env in pm.hook.torchbay_launch_env(config=config, local_world_size=2):
-        merged.update(env or {})
-    assert merged.get("ASCEND_RT_VISIBLE_DEVICES") == "4,5"
-    assert "CUDA_VISIBLE_DEVICES" not in merged
+def test_only_the_selected_devices_variable_is_set(pm):
+    env = backend("npu").worker_env(config_for(pm, "npu", visible_devices="4,5"), 2)
+    assert env == {"ASCEND_RT_VISIBLE_DEVICES": "4,5"}
 
 
 def test_bad_visible_devices_is_a_config_error(pm):
     from torchbay.errors import ConfigError
 
     with pytest.raises(ConfigError, match="visible_devices"):
-        config_for(pm, "npu", npu={"visible_devices": "0, 1; rm"})
+        config_for(pm, "npu", visible_devices="0, 1; rm")
 
 
 def test_cuda_on_rocm_uses_hip_visible_devices(pm, monkeypatch):
     mod = plugin("cuda")
     monkeypatch.setattr(torch.version, "hip", "6.2.0", raising=False)
-    assert mod.CUDABackend.visible_env() == "HIP_VISIBLE_DEVICES"
-    config = config_for(pm, "cuda", cuda={"visible_devices": "1"})
-    assert mod.torchbay_launch_env(config=config, local_world_size=1) == {"HIP_VISIBLE_DEVICES": "1"}
+    assert mod.CUDABackend.visible_devices_variable() == "HIP_VISIBLE_DEVICES"
+    assert mod.CUDABackend.worker_env(config_for(pm, "cuda", visible_devices="1"), 1) == {"HIP_VISIBLE_DEVICES": "1"}
     assert mod.CUDABackend.dist_backend() == "nccl"  # RCCL answers to nccl
 
 
@@ -191,12 +191,10 @@ def test_cuda_counts_without_a_context_and_validates_processes_per_gpu(pm, monke
     monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: 2)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: pytest.fail("device_count() would initialise CUDA"))
     assert cls.device_count() == 2 and cls.unavailable_reason() is None
-    context = SimpleNamespace(device_backend_cls=cls, config=config_for(pm, "cuda"),
-                              cluster=SimpleNamespace(local_world_size=lambda: 4))
-    problems = mod.torchbay_validate(context=context)
-    assert problems and "4 processes per machine but only 2 GPU(s)" in problems[0]
-    context.cluster = SimpleNamespace(local_world_size=lambda: 2)
-    assert not mod.torchbay_validate(context=context)
+    problems = core_validate(pm, cls, config_for(pm, "cuda"), per_machine=4)
+    assert problems and "4 processes per machine but only 2 device(s) visible; nccl" in problems[0]
+    assert not core_validate(pm, cls, config_for(pm, "cuda"), per_machine=2)
+    assert core_validate(pm, cls, config_for(pm, "cuda", visible_devices="0"), per_machine=2)  # the mask counts
     monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: 0)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert cls.unavailable_reason().startswith("no CUDA device: no NVIDIA GPU is visible (CUDA_VISIBLE_DEVICES='')")
@@ -204,15 +202,11 @@ def test_cuda_counts_without_a_context_and_validates_processes_per_gpu(pm, monke
 
 @pytest.mark.parametrize("name", ["npu", "mlu", "xpu", "hpu"])
 def test_more_processes_than_devices_is_refused_before_launch(pm, monkeypatch, name):
-    mod = plugin(name)
     cls = backend(name)
     monkeypatch.setattr(cls, "device_count", classmethod(lambda c: 2))
-    context = SimpleNamespace(device_backend_cls=cls, config=config_for(pm, name),
-                              cluster=SimpleNamespace(local_world_size=lambda: 3))
-    problems = mod.torchbay_validate(context=context)
+    problems = core_validate(pm, cls, config_for(pm, name), per_machine=3)
     assert problems and "3 processes per machine but only 2" in problems[0]
-    context.cluster = SimpleNamespace(local_world_size=lambda: 2)
-    assert not mod.torchbay_validate(context=context)
+    assert not core_validate(pm, cls, config_for(pm, name), per_machine=2)
 
 
 def test_xpu_uses_ipex_only_when_versions_match(monkeypatch):
@@ -229,8 +223,8 @@ def test_xpu_uses_ipex_only_when_versions_match(monkeypatch):
 def test_mps_is_single_process(pm):
     mod = plugin("mps")
     assert mod.MPSBackend.multi_process is False
-    context = SimpleNamespace(device_backend_cls=mod.MPSBackend, cluster=SimpleNamespace(world_size=lambda: 2))
-    assert "runs a single process" in mod.torchbay_validate(context=context)[0]
+    problems = core_validate(pm, mod.MPSBackend, config_for(pm, "mps"), per_machine=2)
+    assert "runs one process per machine" in problems[0]
     config = config_for(pm, "mps", mps={"cpu_fallback": True})
     assert mod.torchbay_launch_env(config=config, local_world_size=1) == {"PYTORCH_ENABLE_MPS_FALLBACK": "1"}
 

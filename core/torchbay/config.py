@@ -114,6 +114,9 @@ class CoreConfig(Section):
     """The core's part of the tree; plugin sections are added by :func:`config_model`."""
 
     device: str = Field("auto", description="a registered device name, or auto")
+    visible_devices: Optional[str] = Field(None, pattern=r"^[\w.-]+(,[\w.-]+)*$",
+                                           description="device ids the workers of torchbay launch see (the device's "
+                                                       "visible-devices variable), comma-separated; unset: inherit")
     strategy: str = Field("auto", description="a registered strategy name, or auto (ddp with >1 process)")
     mixed_precision: Literal["no", "fp16", "bf16", "fp8"] = "no"
     gradient_accumulation_steps: int = Field(1, ge=1)

@@ -41,6 +41,8 @@ class DeviceBackend:
     supports_bf16_autocast: ClassVar[bool] = True
     #: False for devices that run one process per machine at most
     multi_process: ClassVar[bool] = True
+    #: whether each process needs a device of its own (collective libraries bind one per process)
+    one_process_per_device: ClassVar[bool] = True
 
     def __init__(self, local_rank: int = 0):
         self.load_runtime()
@@ -101,8 +103,30 @@ class DeviceBackend:
 
     @classmethod
     def launch_env(cls, local_world_size: int) -> dict[str, str]:
-        """Environment the launcher gives workers; the default adds nothing."""
+        """Environment the launcher gives workers beyond the visible devices; the default adds nothing."""
         return {}
+
+    @classmethod
+    def visible_devices_variable(cls) -> str | None:
+        """The variable that selects which devices a process sees (override when it depends on the build)."""
+        return cls.visible_devices_env
+
+    @classmethod
+    def worker_env(cls, config: Any, local_world_size: int) -> dict[str, str]:
+        """Everything the launcher sets for workers on this device: :meth:`launch_env` plus
+        ``config.visible_devices`` in :meth:`visible_devices_variable`."""
+        env = dict(cls.launch_env(local_world_size))
+        variable = cls.visible_devices_variable()
+        if getattr(config, "visible_devices", None) and variable:
+            env[variable] = config.visible_devices
+        return env
+
+    @classmethod
+    def visible_count(cls, config: Any) -> int:
+        """How many devices the workers will see: ``visible_devices`` if set, else the detected count."""
+        if getattr(config, "visible_devices", None):
+            return len(config.visible_devices.split(","))
+        return cls.device_count()
 
     @classmethod
     def dist_backend(cls) -> str:

@@ -255,7 +255,7 @@ def prepare(resolved: ResolvedConfig, pm, *, environ: Mapping[str, str] | None =
     context = build_context(resolved, pm, cluster=plan.cluster())
     env: dict[str, str] = {}
     device_cls = context.device_backend_cls
-    env.update({k: str(v) for k, v in (device_cls.launch_env(plan.nproc_per_node) or {}).items()})
+    env.update({k: str(v) for k, v in device_cls.worker_env(resolved.config, plan.nproc_per_node).items()})
     results = pm.hook.torchbay_launch_env(config=resolved.config, local_world_size=plan.nproc_per_node)
     for found in reversed(results):  # pluggy returns the last registered first; later plugins win
         env.update({k: str(v) for k, v in (found or {}).items()})

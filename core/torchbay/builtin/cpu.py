@@ -27,6 +27,7 @@ class CPUBackend(DeviceBackend):
     name = "cpu"
     device_type = "cpu"
     priority = 0
+    one_process_per_device = False
 
     def __init__(self, local_rank: int = 0):
         self.index = 0

@@ -17,6 +17,17 @@ def torchbay_validate(context) -> list[str]:
     if device_cls is not None and not device_cls.multi_process and context.cluster.local_world_size() > 1:
         problems.append(f"device '{device_cls.name}' runs one process per machine but this job starts "
                         f"{context.cluster.local_world_size()}; launch with --nproc-per-node 1")
+    if device_cls is not None and config.visible_devices and not device_cls.visible_devices_variable():
+        problems.append(f"visible_devices is set but device '{device_cls.name}' has no visible-devices variable; "
+                        f"remove visible_devices")
+    if device_cls is not None and device_cls.one_process_per_device and context.cluster.world_size() > 1:
+        count, per_machine = device_cls.visible_count(config), context.cluster.local_world_size()
+        if count and per_machine > count:
+            variable = device_cls.visible_devices_variable()
+            problems.append(f"device {device_cls.name}: {per_machine} processes per machine but only {count} "
+                            f"device(s) visible; {device_cls.dist_backend()} needs one device per process: launch at "
+                            f"most {count} processes per machine or make more devices visible (visible_devices"
+                            + (f" / {variable}" if variable else "") + ")")
     backend = config.process_group_backend
     if backend and context.device_backend_cls is not None and context.cluster.world_size() > 1:
         import torch.distributed as dist

@@ -5,31 +5,20 @@ torch's generic accelerator API already drives both; this plugin adds cheap dete
 the build (``CUDA_VISIBLE_DEVICES`` or ``HIP_VISIBLE_DEVICES``), ``nccl`` (RCCL on ROCm),
 bf16 capability and the ``torchbay env`` lines.
 
-Config section ``cuda:``
-
-- ``visible_devices``: device ids (``"0,1"``) the workers see; unset: inherit the
-  launcher's environment.
+Which devices workers see is the core setting ``visible_devices``.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 import torch
-from pydantic import Field
 
-from torchbay.config import Section
 from torchbay.device import DeviceBackend
 from torchbay.plugins import hookimpl
 
 NAME = "cuda"
-
-
-class CUDASection(Section):
-    visible_devices: Optional[str] = Field(
-        None, pattern=r"^[\w-]+(,[\w-]+)*$",
-        description="device ids (or GPU UUIDs) the workers see, comma-separated; unset: inherit the environment")
 
 
 class CUDABackend(DeviceBackend):
@@ -52,7 +41,7 @@ class CUDABackend(DeviceBackend):
         return bool(getattr(torch.version, "cuda", None) or cls.is_rocm())
 
     @classmethod
-    def visible_env(cls) -> str:
+    def visible_devices_variable(cls) -> str:
         """The variable that selects GPUs for this build of torch."""
         return "HIP_VISIBLE_DEVICES" if cls.is_rocm() else cls.visible_devices_env
 
@@ -61,8 +50,8 @@ class CUDABackend(DeviceBackend):
         if not cls.is_built():
             return (f"no CUDA device: torch {torch.__version__} is built without CUDA or ROCm; {cls.install_hint}")
         if cls.device_count() == 0:
-            mask = os.environ.get(cls.visible_env())
-            where = f" ({cls.visible_env()}={mask!r})" if mask is not None else ""
+            mask = os.environ.get(cls.visible_devices_variable())
+            where = f" ({cls.visible_devices_variable()}={mask!r})" if mask is not None else ""
             return f"no CUDA device: no {'ROCm' if cls.is_rocm() else 'NVIDIA'} GPU is visible{where}"
         return None
 
@@ -144,45 +133,9 @@ def describe_devices() -> str:
     return f"{count} device(s), {runtime}: {detail}"
 
 
-def _selected(config) -> bool:
-    device = getattr(config, "device", "auto")
-    return device == NAME or (device == "auto" and CUDABackend.is_available())
-
-
 @hookimpl
 def torchbay_register_devices():
     return [CUDABackend]
-
-
-@hookimpl
-def torchbay_config_sections():
-    return {NAME: CUDASection}
-
-
-@hookimpl
-def torchbay_launch_env(config, local_world_size: int):
-    if not _selected(config):
-        return None
-    env = dict(CUDABackend.launch_env(local_world_size))
-    section = getattr(config, NAME, None)
-    if section is not None and section.visible_devices:
-        env[CUDABackend.visible_env()] = section.visible_devices
-    return env
-
-
-@hookimpl
-def torchbay_validate(context):
-    if context.device_backend_cls is not CUDABackend:
-        return None
-    section = getattr(context.config, NAME, None)
-    visible = section.visible_devices.split(",") if section is not None and section.visible_devices else None
-    count = len(visible) if visible else CUDABackend.device_count()
-    per_machine = context.cluster.local_world_size()
-    if count and per_machine > count:
-        return [f"device cuda: {per_machine} processes per machine but only {count} GPU(s) visible; nccl needs one "
-                f"GPU per process: launch at most {count} processes per machine or make more GPUs visible "
-                f"(cuda.visible_devices / {CUDABackend.visible_env()})"]
-    return None
 
 
 @hookimpl

@@ -12,9 +12,10 @@ overridden here:
 - ``hccl`` collectives (``habana_frameworks.torch.distributed.hccl`` registers them),
   ``HABANA_VISIBLE_MODULES`` for the workers, and the ``hpu_backend`` compile backend.
 
+Which modules workers see is the core setting ``visible_devices`` (``HABANA_VISIBLE_MODULES``).
+
 Config section ``hpu:``
 
-- ``visible_devices``: module ids for ``HABANA_VISIBLE_MODULES``; unset: inherit.
 - ``lazy_mode``: ``true`` / ``false`` sets ``PT_HPU_LAZY_MODE`` for the workers; unset: inherit.
 """
 
@@ -35,8 +36,6 @@ NAME = "hpu"
 
 
 class HPUSection(Section):
-    visible_devices: Optional[str] = Field(None, pattern=r"^\d+(,\d+)*$",
-                                           description="module ids for HABANA_VISIBLE_MODULES; unset: inherit")
     lazy_mode: Optional[bool] = Field(None, description="PT_HPU_LAZY_MODE for the workers; unset: inherit")
 
 
@@ -158,25 +157,10 @@ def torchbay_config_sections():
 def torchbay_launch_env(config, local_world_size: int):
     if not _selected(config):
         return None
-    env = dict(HPUBackend.launch_env(local_world_size))
     section = getattr(config, NAME, None)
-    if section is not None:
-        if section.visible_devices:
-            env[HPUBackend.visible_devices_env] = section.visible_devices
-        if section.lazy_mode is not None:
-            env["PT_HPU_LAZY_MODE"] = "1" if section.lazy_mode else "0"
-    return env
-
-
-@hookimpl
-def torchbay_validate(context):
-    if context.device_backend_cls is not HPUBackend:
-        return None
-    count, per_machine = HPUBackend.device_count(), context.cluster.local_world_size()
-    if count and per_machine > count:
-        return [f"device hpu: {per_machine} processes per machine but only {count} Gaudi card(s) visible; launch at "
-                f"most {count} processes per machine"]
-    return None
+    if section is not None and section.lazy_mode is not None:
+        return {"PT_HPU_LAZY_MODE": "1" if section.lazy_mode else "0"}
+    return {}
 
 
 @hookimpl

@@ -1,7 +1,7 @@
 """The ``mps`` device: Apple silicon GPUs through Metal Performance Shaders.
 
 MPS runs one process (there is no collective backend for MPS tensors), so this device
-declares ``multi_process = False`` and a validate hook rejects multi-process jobs. Its
+declares ``multi_process = False``, so the core rejects multi-process jobs. Its
 RNG, memory and synchronize calls are ``torch.mps``'s own (it has no per-device
 ``*_all`` variants); autocast dtypes are declared only where torch and macOS support them.
 
@@ -122,17 +122,6 @@ def torchbay_launch_env(config, local_world_size: int):
         return None
     section = getattr(config, NAME, None)
     return {"PYTORCH_ENABLE_MPS_FALLBACK": "1"} if section is not None and section.cpu_fallback else {}
-
-
-@hookimpl
-def torchbay_validate(context):
-    if context.device_backend_cls is not MPSBackend:
-        return None
-    world = context.cluster.world_size()
-    if world > 1:
-        return [f"device mps runs a single process but this job has {world}; launch one process "
-                f"(torchbay launch --num-processes 1) or choose device: cpu for multi-process runs"]
-    return None
 
 
 @hookimpl

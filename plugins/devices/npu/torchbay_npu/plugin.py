@@ -6,28 +6,19 @@ runtime is imported only when the device is selected or probed (``load_runtime``
 when this module is imported. This plugin adds the collective backend ``hccl``, the
 visible-devices variable ``ASCEND_RT_VISIBLE_DEVICES`` and the ``torchbay env`` line.
 
-Config section ``npu:``
-
-- ``visible_devices``: device ids for ``ASCEND_RT_VISIBLE_DEVICES``; unset: inherit the launcher's.
+Which devices workers see is the core setting ``visible_devices``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
-from pydantic import Field
 
-from torchbay.config import Section
 from torchbay.device import DeviceBackend
 from torchbay.plugins import hookimpl
 
 NAME = "npu"
-
-
-class NPUSection(Section):
-    visible_devices: Optional[str] = Field(None, pattern=r"^\d+(,\d+)*$",
-                                           description="device ids for ASCEND_RT_VISIBLE_DEVICES; unset: inherit")
 
 
 class NPUBackend(DeviceBackend):
@@ -60,44 +51,9 @@ class NPUBackend(DeviceBackend):
                 "name": self.module.get_device_name(self.index)}
 
 
-def _selected(config) -> bool:
-    device = getattr(config, "device", "auto")
-    if device == NAME:
-        return True
-    # auto: probe only when the runtime is there (the probe imports it)
-    return device == "auto" and NPUBackend.runtime_installed() and NPUBackend.is_available()
-
-
 @hookimpl
 def torchbay_register_devices():
     return [NPUBackend]
-
-
-@hookimpl
-def torchbay_config_sections():
-    return {NAME: NPUSection}
-
-
-@hookimpl
-def torchbay_launch_env(config, local_world_size: int):
-    if not _selected(config):
-        return None
-    env = dict(NPUBackend.launch_env(local_world_size))
-    section = getattr(config, NAME, None)
-    if section is not None and section.visible_devices:
-        env[NPUBackend.visible_devices_env] = section.visible_devices
-    return env
-
-
-@hookimpl
-def torchbay_validate(context):
-    if context.device_backend_cls is not NPUBackend:
-        return None
-    count, per_machine = NPUBackend.device_count(), context.cluster.local_world_size()
-    if count and per_machine > count:
-        return [f"device npu: {per_machine} processes per machine but only {count} device(s) visible; "
-                f"hccl needs one device per process: launch at most {count} per machine"]
-    return None
 
 
 @hookimpl

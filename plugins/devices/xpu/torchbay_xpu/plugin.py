@@ -7,31 +7,22 @@ a version matching torch's major.minor is installed it is imported with the devi
 kernels and optimizations register themselves); a mismatched one is left alone and
 reported.
 
-Config section ``xpu:``
-
-- ``visible_devices``: device ids for ``ZE_AFFINITY_MASK``; unset: inherit.
+Which devices workers see is the core setting ``visible_devices``.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-from typing import Any, Optional
+from typing import Any
 
 import torch
-from pydantic import Field
 
-from torchbay.config import Section
 from torchbay.device import DeviceBackend
 from torchbay.plugins import hookimpl
 
 NAME = "xpu"
 IPEX = "intel_extension_for_pytorch"
-
-
-class XPUSection(Section):
-    visible_devices: Optional[str] = Field(None, pattern=r"^[\w.-]+(,[\w.-]+)*$",
-                                           description="ZE_AFFINITY_MASK for the workers; unset: inherit")
 
 
 def _major_minor(version: str) -> tuple[str, ...]:
@@ -100,41 +91,9 @@ class XPUBackend(DeviceBackend):
                 "ipex": ipex_status()[1]}
 
 
-def _selected(config) -> bool:
-    device = getattr(config, "device", "auto")
-    return device == NAME or (device == "auto" and XPUBackend.is_available())
-
-
 @hookimpl
 def torchbay_register_devices():
     return [XPUBackend]
-
-
-@hookimpl
-def torchbay_config_sections():
-    return {NAME: XPUSection}
-
-
-@hookimpl
-def torchbay_launch_env(config, local_world_size: int):
-    if not _selected(config):
-        return None
-    env = dict(XPUBackend.launch_env(local_world_size))
-    section = getattr(config, NAME, None)
-    if section is not None and section.visible_devices:
-        env[XPUBackend.visible_devices_env] = section.visible_devices
-    return env
-
-
-@hookimpl
-def torchbay_validate(context):
-    if context.device_backend_cls is not XPUBackend:
-        return None
-    count, per_machine = XPUBackend.device_count(), context.cluster.local_world_size()
-    if count and per_machine > count:
-        return [f"device xpu: {per_machine} processes per machine but only {count} Intel GPU(s) visible; launch at "
-                f"most {count} processes per machine (or widen ZE_AFFINITY_MASK / xpu.visible_devices)"]
-    return None
 
 
 @hookimpl
