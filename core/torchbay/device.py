@@ -36,6 +36,8 @@ class DeviceBackend:
     visible_devices_env: ClassVar[str | None] = None
     runtime_module: ClassVar[str | None] = None
     install_hint: ClassVar[str] = ""
+    #: the process-group backend (hccl, cncl...); ``None``: torch's default for the device type
+    collective_backend: ClassVar[str | None] = None
     compile_backend: ClassVar[str] = "inductor"
     supports_fp16_autocast: ClassVar[bool] = True
     supports_bf16_autocast: ClassVar[bool] = True
@@ -88,6 +90,13 @@ class DeviceBackend:
 
     @classmethod
     def device_count(cls) -> int:
+        if cls.runtime_module:  # a vendor runtime registers its device module with torch when imported
+            if not cls.runtime_installed():
+                return 0
+            cls.load_runtime()
+            module = getattr(torch, cls.torch_type(), None)
+            if module is not None and hasattr(module, "device_count"):
+                return int(module.device_count())
         accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
         if accelerator is None or accelerator.type != cls.torch_type():
             return 0
@@ -131,6 +140,8 @@ class DeviceBackend:
     @classmethod
     def dist_backend(cls) -> str:
         """The process-group backend for this device (nccl, xccl, hccl, gloo...)."""
+        if cls.collective_backend:
+            return cls.collective_backend
         return torch.distributed.get_default_backend_for_device(cls.torch_type())
 
     # -- per-process operations ---------------------------------------------------------
@@ -209,7 +220,11 @@ class DeviceBackend:
         return dataloader
 
     def report(self) -> dict[str, Any]:
-        return {"device": str(self.device), "count": self.device_count()}
+        out: dict[str, Any] = {"device": str(self.device), "count": self.device_count()}
+        name = getattr(self.module, "get_device_name", None)
+        if name is not None:
+            out["name"] = name(self.index)
+        return out
 
 
 @contextlib.contextmanager

@@ -11,10 +11,6 @@ Which devices workers see is the core setting ``visible_devices``.
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
 from torchbay.device import DeviceBackend
 from torchbay.plugins import hookimpl
 
@@ -30,25 +26,7 @@ class MLUBackend(DeviceBackend):
     visible_devices_env = "MLU_VISIBLE_DEVICES"
     runtime_module = "torch_mlu"
     install_hint = "install torch_mlu for this torch from Cambricon (with the Neuware toolkit) on a machine with MLUs"
-    compile_backend = "inductor"
-
-    @classmethod
-    def device_count(cls) -> int:
-        if not cls.runtime_installed():
-            return 0
-        cls.load_runtime()
-        return int(torch.get_device_module(cls.device_type).device_count())
-
-    @classmethod
-    def dist_backend(cls) -> str:
-        return "cncl"
-
-    def set_current(self) -> None:
-        self.module.set_device(self.index)
-
-    def report(self) -> dict[str, Any]:
-        return {"device": str(self.device), "count": self.device_count(),
-                "name": self.module.get_device_name(self.index)}
+    collective_backend = "cncl"
 
 
 @hookimpl
