@@ -167,8 +167,9 @@ def torchbay_validate(context: RunContext) -> list[str] | None:
 def torchbay_launch_env(config: Any, local_world_size: int) -> dict[str, str] | None:
     """Environment variables the workers need, computed in the launcher.
 
-    Device plugins return their visible-devices variable and the like; never initialise a
-    device here. Later plugins' values override earlier ones for the same key.
+    The core already adds the selected device's ``launch_env`` and ``visible_devices``;
+    return variables that depend on your own settings. Never initialise a device here.
+    Later plugins' values override earlier ones for the same key.
 
     :param config: the resolved config.
     :param local_world_size: processes per machine.
