@@ -19,11 +19,11 @@ $(VENV)/.installed: setup.cfg pyproject.toml constraints.txt requirements-dev.tx
 
 setup: $(VENV)/.installed
 
-# train 2 epochs and save; then a new launch resumes from the saved state for a third epoch
+# train 3 epochs and save; then a new launch resumes from the saved state for a fourth epoch
 demo: setup
 	rm -rf runs/char_gpt
-	$(VENV)/bin/torchbay launch --num-processes $(NPROC) examples/char_gpt.py --output-dir runs/char_gpt --epochs 2
-	$(VENV)/bin/torchbay launch --num-processes $(NPROC) examples/char_gpt.py --output-dir runs/char_gpt --epochs 3 --resume
+	$(VENV)/bin/torchbay launch --num-processes $(NPROC) examples/char_gpt.py --output-dir runs/char_gpt --epochs 3
+	$(VENV)/bin/torchbay launch --num-processes $(NPROC) examples/char_gpt.py --output-dir runs/char_gpt --epochs 4 --resume
 
 test: setup
 	$(PY) -m pytest -q tests

@@ -4,7 +4,7 @@ Every machine with Python has this text, so nothing is downloaded. Run it throug
 `torchbay launch` (any number of processes, any installed device/strategy/precision):
 
     torchbay launch --num-processes 2 examples/char_gpt.py --output-dir runs/char_gpt
-    torchbay launch --num-processes 2 examples/char_gpt.py --output-dir runs/char_gpt --resume --epochs 3
+    torchbay launch --num-processes 2 examples/char_gpt.py --output-dir runs/char_gpt --resume --epochs 4
 
 The second command loads the saved state and continues with the next epoch. The script is
 a plain PyTorch loop; only the `accelerator.*` lines are torchbay.
@@ -100,7 +100,7 @@ def main():
     p.add_argument("--epochs", type=int, default=2, help="total epochs (a resumed run continues up to this)")
     p.add_argument("--resume", action="store_true", help="load the saved state and continue")
     p.add_argument("--batch-size", type=int, default=16, help="per process")
-    p.add_argument("--train-windows", type=int, default=2048)
+    p.add_argument("--train-windows", type=int, default=4096)
     p.add_argument("--text-bytes", type=int, default=600_000)
     p.add_argument("--lr", type=float, default=3e-3)
     args = p.parse_args()
