@@ -7,11 +7,14 @@ It imports torch and torchbay only, never an FP8 engine:
   higher precision unless ``fp8.keep_first_and_last: false``);
 - :func:`small_layers` / :func:`warn_small_layers`: the "too small to gain" rule;
 - :func:`option_problems`: ``fp8.engine_options`` checked against what an engine accepts;
-- :func:`is_explicit`, :func:`unsupported_setting`, :func:`is_main_process`.
+- :func:`is_explicit`, :func:`unsupported_setting`, :func:`is_main_process`;
+- :class:`FP8Precision`: the base of an engine's precision (the ``fp8`` section, the
+  optional outer bf16 autocast).
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import re
@@ -19,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from torchbay.precision import Precision
 
 log = logging.getLogger("torchbay.fp8")
 
@@ -151,3 +156,24 @@ def is_main_process(context) -> bool:
     if strategy is not None:
         return strategy.rank == 0
     return context.cluster.rank() == 0
+
+
+class FP8Precision(Precision):
+    """Base of FP8 engine precisions: reads the ``fp8`` section and, with
+    ``fp8.outer_autocast``, wraps the forward in bf16 autocast."""
+
+    name = "fp8"
+
+    def __init__(self, context):
+        super().__init__(context)
+        self.fp8 = context.config.fp8
+
+    @property
+    def wraps_forward(self) -> bool:
+        return self.fp8.outer_autocast
+
+    def forward_context(self, handler=None):
+        if not self.fp8.outer_autocast:
+            return contextlib.nullcontext()
+        enabled = handler.enabled if handler is not None else True
+        return self.device_backend.autocast(torch.bfloat16, enabled=enabled)

@@ -14,7 +14,6 @@ margin, amax history) are errors when set.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 from typing import Any
@@ -22,7 +21,6 @@ from typing import Any
 import torch
 
 from torchbay.errors import TorchbayError
-from torchbay.precision import Precision
 
 from torchbay import fp8 as fp8_support
 from torchbay_fp8_msamp._zero import zero_stage
@@ -48,7 +46,7 @@ def strategy_problems(config) -> list[str]:
     return problems
 
 
-class MSAMPFP8Precision(Precision):
+class MSAMPFP8Precision(fp8_support.FP8Precision):
     name = "fp8"
     fp8_backend = ENGINE
     priority = 10  # MS-AMP is no longer developed: auto prefers te and torchao
@@ -126,16 +124,6 @@ class MSAMPFP8Precision(Precision):
         out = list(objects)
         out[models[0]], out[optimizers[0]] = model, optimizer
         return out
-
-    @property
-    def wraps_forward(self) -> bool:
-        return self.fp8.outer_autocast
-
-    def forward_context(self, handler=None):
-        if not self.fp8.outer_autocast:
-            return contextlib.nullcontext()
-        enabled = handler.enabled if handler is not None else True
-        return self.device_backend.autocast(torch.bfloat16, enabled=enabled)
 
     def state_dict(self) -> dict[str, Any]:
         return {"engine": ENGINE, "opt_level": self.opt_level}

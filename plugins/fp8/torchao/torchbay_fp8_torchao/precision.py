@@ -14,14 +14,12 @@ without it such a set-up fails before training, naming the fix.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any
 
 import torch
 
 from torchbay.errors import CheckpointError
-from torchbay.precision import Precision
 
 from torchbay import fp8 as fp8_support
 
@@ -58,7 +56,7 @@ def fast_path_reason(device_backend_cls) -> str | None:
     return f"device type '{device_type}' has no FP8 matmul that torchao uses (NVIDIA compute capability 8.9+ or ROCm MI300+)"
 
 
-class TorchaoFP8Precision(Precision):
+class TorchaoFP8Precision(fp8_support.FP8Precision):
     """torchao Float8 training: converted Linears, optional bf16 autocast around the forward."""
 
     name = "fp8"
@@ -192,16 +190,6 @@ class TorchaoFP8Precision(Precision):
         return module
 
     # -- every step ---------------------------------------------------------------------
-    @property
-    def wraps_forward(self) -> bool:
-        return self.fp8.outer_autocast
-
-    def forward_context(self, handler=None):
-        if not self.fp8.outer_autocast:
-            return contextlib.nullcontext()
-        enabled = handler.enabled if handler is not None else True
-        return self.device_backend.autocast(torch.bfloat16, enabled=enabled)
-
     def after_optimizer_step(self, optimizer) -> None:
         if self.precompute_scales:
             self.precompute_fsdp_scales()
