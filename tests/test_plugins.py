@@ -37,6 +37,18 @@ def probe(site, *args, env=None, script="plugin_probe.py"):
     return json.loads(proc.stdout)
 
 
+def setup_errors(site, config_file=None, **kwargs):
+    """What ``Accelerator(...)`` refuses, run in a process that sees the installed test plugins."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
+    full_env["PYTHONPATH"] = site
+    args = ", ".join([f"config_file={str(config_file)!r}"] * bool(config_file) + [f"{k}={v!r}" for k, v in kwargs.items()])
+    code = ("from torchbay import Accelerator, IncompatibleSetupError\n"
+            f"try:\n    Accelerator({args})\n"
+            "except IncompatibleSetupError as e:\n    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=60)
+    return proc.stdout
+
+
 def test_builtins_register_through_the_same_hooks():
     pm = PluginManager(autoload=False)
     reg = pm.registries()
@@ -72,17 +84,11 @@ def test_third_party_plugin_end_to_end(site, tmp_path):
 def test_plugin_validation_joins_the_core_complaints(site, tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("device: nosuch\ntoy:\n  level: 9\n  mode: careful\n")
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
-    full_env["PYTHONPATH"] = site
-    code = ("from torchbay import Accelerator, IncompatibleSetupError\n"
-            f"try:\n    Accelerator(config_file={str(cfg)!r})\n"
-            "except IncompatibleSetupError as e:\n    print(e)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=60)
-    assert "device 'nosuch' is not installed" in proc.stdout
-    assert "toy.level above 5" not in proc.stdout  # plugin validation runs only once the axes resolve
+    out = setup_errors(site, cfg)
+    assert "device 'nosuch' is not installed" in out
+    assert "toy.level above 5" not in out  # plugin validation runs only once the axes resolve
     cfg.write_text("toy:\n  level: 9\n  mode: careful\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=60)
-    assert "toy.level above 5 is not allowed" in proc.stdout
+    assert "toy.level above 5 is not allowed" in setup_errors(site, cfg)
 
 
 def test_broken_plugins_are_reported_and_the_core_keeps_working(site):
@@ -96,14 +102,10 @@ def test_broken_plugins_are_reported_and_the_core_keeps_working(site):
 
 
 def test_a_failed_plugin_is_named_when_its_name_is_selected(site):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
-    full_env["PYTHONPATH"] = site
-    code = ("from torchbay import Accelerator, IncompatibleSetupError\n"
-            "try:\n    Accelerator(strategy='broken')\nexcept IncompatibleSetupError as e:\n    print(e)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=60)
-    assert "strategy 'broken' is not installed" in proc.stdout
-    assert "plugins that failed to load:" in proc.stdout
-    assert "broken (torchbay-broken: ModuleNotFoundError: No module named 'this_module_does_not_exist')" in proc.stdout
+    out = setup_errors(site, strategy="broken")
+    assert "strategy 'broken' is not installed" in out
+    assert "plugins that failed to load:" in out
+    assert "broken (torchbay-broken: ModuleNotFoundError: No module named 'this_module_does_not_exist')" in out
 
 
 def test_autoload_can_be_disabled_and_plugins_named(site):
@@ -124,15 +126,10 @@ def test_blocking_a_plugin(site):
 def test_required_plugins(site, tmp_path):
     cfg = tmp_path / "req.yaml"
     cfg.write_text("plugins:\n  required: [toy, torchbay-nosuch, broken]\n")
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
-    full_env["PYTHONPATH"] = site
-    code = ("from torchbay import Accelerator, IncompatibleSetupError\n"
-            f"try:\n    Accelerator(config_file={str(cfg)!r})\n"
-            "except IncompatibleSetupError as e:\n    print(e)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=60)
-    assert "required plugin 'torchbay-nosuch' is not installed: pip install torchbay-nosuch" in proc.stdout
-    assert "required plugin 'broken' is failed" in proc.stdout
-    assert "'toy'" not in proc.stdout
+    out = setup_errors(site, cfg)
+    assert "required plugin 'torchbay-nosuch' is not installed: pip install torchbay-nosuch" in out
+    assert "required plugin 'broken' is failed" in out
+    assert "'toy'" not in out
 
 
 def test_plugin_commands_and_cli_options_reach_the_cli(site):
