@@ -55,6 +55,9 @@ class Accelerator:
             raise ConfigError("log_with: experiment trackers are not part of torchbay yet; log from "
                               "accelerator.is_main_process with your tracker's own API")
         if gradient_accumulation_plugin is not None:
+            if not gradient_accumulation_plugin.sync_with_dataloader:
+                raise ConfigError("gradient_accumulation_plugin.sync_with_dataloader=False is not supported: "
+                                  "torchbay always syncs gradients on the last batch of a data loader")
             if gradient_accumulation_steps not in (None, gradient_accumulation_plugin.num_steps):
                 raise ConfigError("gradient_accumulation_steps and gradient_accumulation_plugin.num_steps disagree; give one")
             gradient_accumulation_steps = gradient_accumulation_plugin.num_steps

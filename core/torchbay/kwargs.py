@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -82,4 +82,3 @@ class GradientAccumulationPlugin:
 
     num_steps: int = 1
     sync_with_dataloader: bool = True
-    extra: dict = field(default_factory=dict)

@@ -104,14 +104,16 @@ def stop_own_children() -> None:
         pass
 
 
-def fast_exit(code: int) -> None:
-    """Leave a failed rank now: run the exit handlers (the user's too), flush, and skip the
-    interpreter's slow teardown (seconds once torch is imported), so the job ends promptly."""
+def fast_exit(code: int, cleanup=None) -> None:
+    """Leave now: run the exit handlers (the user's too), then ``cleanup``, flush, and skip the
+    interpreter's slow teardown (seconds once torch is imported), so the job ends promptly.
+    The launcher uses it too, once every worker is gone."""
     import atexit
 
     try:
         atexit._run_exitfuncs()
-        stop_own_children()
+        if cleanup is not None:
+            cleanup()
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -134,15 +136,15 @@ def main() -> int:
         record_failure(exc, time.time_ns())
         release_process_group()
         if isinstance(exc.code, int):
-            fast_exit(exc.code)
+            fast_exit(exc.code, stop_own_children)
         print(exc.code, file=sys.stderr)
-        fast_exit(1)
+        fast_exit(1, stop_own_children)
     except BaseException as exc:
         record_failure(exc, time.time_ns())
         release_process_group()
         tb = _user_frames(exc.__traceback__) or exc.__traceback__
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        fast_exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+        fast_exit(130 if isinstance(exc, KeyboardInterrupt) else 1, stop_own_children)
     return 0
 
 

@@ -79,20 +79,11 @@ def _is_console_command() -> bool:
 
 
 def _exit_now(code: int) -> None:
-    """End the launcher once every worker is gone: run the exit handlers, flush, and skip the
-    interpreter's teardown of torch's modules (seconds, with nothing left to clean up; on a
-    multi-machine job torchrun's exit barrier has already been passed)."""
-    import atexit
+    """End the launcher once every worker is gone, skipping the interpreter's teardown of
+    torch's modules (seconds, with nothing left to clean up; on a multi-machine job torchrun's
+    exit barrier has already been passed)."""
     import logging
-    import os
 
-    try:
-        atexit._run_exitfuncs()
-        logging.shutdown()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(code)
+    from torchbay.cli._worker import fast_exit
+
+    fast_exit(code, logging.shutdown)
