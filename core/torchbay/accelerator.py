@@ -98,6 +98,7 @@ class Accelerator:
         self.context.precision = self.precision
         io_cls = self.pm.registries()["checkpoint_io"][self.config.checkpoint.io]
         self.checkpoint_io = io_cls(max_shard_size=self.config.checkpoint.max_shard_size)
+        self.checkpoint_io.trusted = self.config.checkpoint.allow_unsafe_pickle
         self.pm.hook.torchbay_configure.call_historic(kwargs={"config": self.config})
         self.pm.hook.torchbay_setup_process(context=self.context)
         after = self.pm.hook.torchbay_after_optimizer_step
@@ -418,19 +419,11 @@ class Accelerator:
         """Write the full weights as (sharded) safetensors on the main process.
 
         Call it on every process: a sharding strategy gathers the weights through a collective.
+        The directory is published atomically, like save_state: it must be new, empty or an
+        earlier torchbay checkpoint, and no file of an earlier save survives next to the new one.
         """
-        from pathlib import Path
-
-        from torchbay.builtin.checkpoint_io import SafetensorsCheckpointIO
-
         state = self.get_state_dict(model)
-        written: list[str] = []
-        if self.is_main_process:
-            directory = Path(save_directory)
-            directory.mkdir(parents=True, exist_ok=True)
-            written = SafetensorsCheckpointIO(max_shard_size=max_shard_size).save_state_dict(state, directory, "model")
-        self.wait_for_everyone()
-        return written
+        return self._checkpointer.save_model_files(state, save_directory, max_shard_size)
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
         if self.is_main_process:

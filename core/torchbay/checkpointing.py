@@ -1,41 +1,50 @@
 """Checkpoint io (how tensors reach storage) and ``save_state`` / ``load_state``.
 
 A state directory holds ``torchbay_manifest.json`` (versions, world size, plugins, config,
-files), the weights written by the strategy through the selected :class:`CheckpointIO`,
-optimizer/scheduler/precision state, RNG state per rank, data-loader positions,
-registered objects and plugin extras. It is written under ``<name>.partial`` and renamed
-when complete; a directory without a manifest is never loaded. Nothing is unpickled:
-tensors come from safetensors or ``torch.load(weights_only=True)``.
+and every file with its size and checksum), the weights written by the strategy through
+the selected :class:`CheckpointIO`, optimizer/scheduler/precision state, RNG state per
+rank, data-loader positions, registered objects and plugin extras. How it reaches disk
+(atomic publish, what may be replaced, recovery) is :mod:`torchbay.checkpoint_dir`; how
+files are read without running code is :mod:`torchbay.safe_load`. Every step that can fail
+on one rank is agreed on by all ranks, so a failure anywhere is an error everywhere.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
-import shutil
 import sys
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
 import torch
 
+from torchbay import checkpoint_dir as ckdir
+from torchbay.checkpoint_dir import FORMAT_VERSION, MANIFEST  # noqa: F401  (MANIFEST is re-exported)
 from torchbay.errors import CheckpointError
+from torchbay.safe_load import safe_torch_load
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.accelerator import Accelerator
 
 log = logging.getLogger("torchbay")
-MANIFEST = "torchbay_manifest.json"
-FORMAT_VERSION = 1
+AUTOMATIC_NAME = re.compile(r"checkpoint_(\d+)")
 
 
 class CheckpointIO:
-    """Writes and reads one state dict of tensors under a file stem in a directory."""
+    """Writes and reads one state dict of tensors under a file stem in a directory.
+
+    ``collective``: every rank calls :meth:`save_state_dict` and :meth:`load_state_dict`
+    (each writes its own part, as torch DCP does); otherwise only the main process saves.
+    ``trusted`` is ``checkpoint.allow_unsafe_pickle`` (set by the accelerator).
+    """
 
     name: ClassVar[str] = ""
+    collective: ClassVar[bool] = False
+    trusted: bool = False
 
     def __init__(self, max_shard_size: str = "5GB"):
         self.max_shard_size = max_shard_size
@@ -44,7 +53,9 @@ class CheckpointIO:
         """Write ``state``; return the file names written (relative to ``directory``)."""
         raise NotImplementedError
 
-    def load_state_dict(self, directory: Path, stem: str, device: str = "cpu") -> dict[str, torch.Tensor]:
+    def load_state_dict(self, directory: Path, stem: str, device: str = "cpu",
+                        template: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Read ``stem``; a collective io may load in place into ``template`` (the model's own state)."""
         raise NotImplementedError
 
     def exists(self, directory: Path, stem: str) -> bool:
@@ -95,13 +106,29 @@ def _torch_save(obj: Any, path: Path) -> str:
     return path.name
 
 
-def _torch_load(path: Path, what: str) -> Any:
-    if not path.exists():
-        raise CheckpointError(f"{what}: {path.name} is missing from {path.parent}")
+def publish_model(state: dict[str, torch.Tensor], final: Path, max_shard_size: str, fields: dict[str, Any],
+                  what: str) -> list[str]:
+    """Write ``state`` as (sharded) safetensors into ``final``, published atomically with a manifest."""
+    from torchbay.builtin.checkpoint_io import SafetensorsCheckpointIO
+
+    final = final.absolute()
+    ckdir.check_replaceable(final, what)
+    ckdir.recover_interrupted_save(final)
+    partial = ckdir.begin_partial(final)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(f"{what}: {path} could not be read safely ({type(exc).__name__}: {exc})") from exc
+        written = SafetensorsCheckpointIO(max_shard_size=max_shard_size).save_state_dict(state, partial, "model")
+        manifest = {"format_version": FORMAT_VERSION, "kind": "model", "created": time.time(), **fields,
+                    "files": ckdir.record_files(partial, written)}
+        ckdir.write_manifest(partial, manifest)
+        ckdir.publish(partial, final)
+    except BaseException:
+        ckdir.discard_partial(partial)
+        raise
+    return written
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
 
 
 class StateCheckpointer:
@@ -109,15 +136,76 @@ class StateCheckpointer:
 
     def __init__(self, accelerator: Accelerator):
         self.acc = accelerator
+        self._announced_continuation = False
+
+    @property
+    def trusted(self) -> bool:
+        return bool(self.acc.config.checkpoint.allow_unsafe_pickle)
+
+    def _load(self, path: Path, what: str) -> Any:
+        return safe_torch_load(path, what, trusted=self.trusted)
+
+    # -- agreement between ranks ---------------------------------------------------------
+    def on_every_rank(self, what: str, fn: Callable[[], Any], cleanup: Callable[[], None] | None = None) -> list:
+        """Run ``fn`` on every rank and gather the results; if it failed anywhere, raise everywhere.
+
+        ``cleanup`` runs (on every rank) before the error is raised.
+        """
+        error: BaseException | None = None
+        result = None
+        try:
+            result = fn()
+        except Exception as exc:
+            error = exc
+        gathered = self.acc.strategy.all_gather_object((None, _describe(error)) if error else (result, None))
+        failed = [(rank, message) for rank, (_, message) in enumerate(gathered) if message]
+        if failed:
+            if cleanup is not None:
+                cleanup()
+            if len(gathered) == 1 and isinstance(error, CheckpointError):
+                raise error
+            messages = sorted({m for _, m in failed})
+            where = "" if len(gathered) == 1 else f" on rank {', '.join(str(r) for r, _ in failed)}"
+            raise CheckpointError(f"{what} failed{where}: {' | '.join(messages)}") from error
+        return [r for r, _ in gathered]
+
+    def _main_only(self, what: str, fn: Callable[[], Any], cleanup: Callable[[], None] | None = None) -> Any:
+        """``fn`` on the main process; its result (or its error) reaches every rank."""
+        results = self.on_every_rank(what, lambda: fn() if self.acc.is_main_process else None, cleanup)
+        return results[0]
 
     # -- where -----------------------------------------------------------------------
     def checkpoints_root(self) -> Path:
-        return Path(self.acc.config.project.project_dir) / "checkpoints"
+        return Path(self.acc.config.project.project_dir).absolute() / "checkpoints"
 
-    def automatic_dirs(self) -> list[Path]:
+    def automatic_dirs(self) -> list[tuple[Path, dict]]:
+        """This project's complete automatic checkpoints with their manifests, oldest first."""
         root = self.checkpoints_root()
-        found = [p for p in root.glob("checkpoint_*") if re.fullmatch(r"checkpoint_\d+", p.name) and (p / MANIFEST).exists()]
-        return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+        found = []
+        for path in root.glob("checkpoint_*"):
+            if not AUTOMATIC_NAME.fullmatch(path.name):
+                continue
+            try:
+                manifest = ckdir.read_manifest(path)
+            except CheckpointError:
+                continue
+            if manifest.get("kind") == "state" and manifest.get("project") == str(root.parent):
+                found.append((path, manifest))
+        return sorted(found, key=lambda pm: (pm[1].get("created", 0), int(pm[0].name.split("_")[1])))
+
+    def _next_automatic(self) -> Path:
+        """checkpoint_<n>: never a number that exists already (a new run continues after the highest)."""
+        root = self.checkpoints_root()
+        taken = [int(m.group(1)) for p in (root.iterdir() if root.is_dir() else ())
+                 if (m := AUTOMATIC_NAME.fullmatch(p.name.split(".")[0]))]
+        if taken and self.acc.save_iteration <= max(taken):
+            if not self._announced_continuation:
+                log.warning("torchbay: %s already holds checkpoints up to checkpoint_%d; this run saves from "
+                            "checkpoint_%d on (existing checkpoints are never overwritten)", root, max(taken),
+                            max(taken) + 1)
+                self._announced_continuation = True
+            self.acc.save_iteration = max(taken) + 1
+        return root / f"checkpoint_{self.acc.save_iteration}"
 
     def target_for_save(self, output_dir: str | None) -> Path:
         project = self.acc.config.project
@@ -125,10 +213,10 @@ class StateCheckpointer:
             if output_dir is not None:
                 raise CheckpointError("project.automatic_checkpoint_naming is on: call save_state() without a "
                                       "directory, or turn automatic naming off")
-            return self.checkpoints_root() / f"checkpoint_{self.acc.save_iteration}"
+            return self._next_automatic()
         if output_dir is None:
             raise CheckpointError("save_state() needs a directory, or set project.automatic_checkpoint_naming: true")
-        return Path(output_dir)
+        return Path(output_dir).absolute()
 
     # -- save --------------------------------------------------------------------------
     def save(self, output_dir: str | None = None) -> Path:
@@ -136,23 +224,35 @@ class StateCheckpointer:
         if not acc.gradient_state.sync_gradients:
             log.warning("save_state is called inside a gradient accumulation window: the gradients accumulated so "
                         "far are not saved; save after a step where accelerator.sync_gradients is True")
-        final = self.target_for_save(output_dir).absolute()
-        partial = final.with_name(final.name + ".partial")
-        strategy = acc.strategy
-        if acc.is_main_process:
-            if partial.exists():
-                shutil.rmtree(partial)
-            partial.mkdir(parents=True)
-        strategy.barrier()
-        files = self._write_parts(partial)
-        files_per_rank = strategy.all_gather_object(files)
-        if acc.is_main_process:
-            self._write_manifest(partial, sorted({f for fs in files_per_rank for f in fs}))
-            self._publish(partial, final)
+
+        def open_target() -> Path:
+            final = self.target_for_save(output_dir)
+            ckdir.check_replaceable(final, "save_state")
+            ckdir.recover_interrupted_save(final)
+            ckdir.begin_partial(final)
+            return final
+
+        final = self._main_only("save_state", open_target)
+        partial, _ = ckdir.siblings(final)
+
+        def discard() -> None:
+            if acc.is_main_process:
+                ckdir.discard_partial(partial)
+
+        def write() -> dict:
+            return ckdir.record_files(partial, self._write_parts(partial))
+
+        records_per_rank = self.on_every_rank("save_state", write, cleanup=discard)
+
+        def publish() -> None:
+            records = {name: rec for recs in records_per_rank for name, rec in recs.items()}
+            ckdir.write_manifest(partial, self._manifest("state", records))
+            ckdir.publish(partial, final)
             self._rotate()
-        strategy.barrier()
+
+        self._main_only("save_state", publish, cleanup=discard)
         if acc.config.project.automatic_checkpoint_naming:
-            acc.save_iteration += 1
+            acc.save_iteration = int(final.name.split("_")[1]) + 1
         return final
 
     def _write_parts(self, directory: Path) -> list[str]:
@@ -177,10 +277,14 @@ class StateCheckpointer:
             files.append(_torch_save(extras, directory / f"plugin_state_{rank}.pt"))
         return files
 
-    def _write_manifest(self, directory: Path, files: list[str]) -> None:
+    def _manifest(self, kind: str, files: dict[str, dict]) -> dict[str, Any]:
         acc = self.acc
-        manifest = {
+        return {
             "format_version": FORMAT_VERSION,
+            "kind": kind,
+            "created": time.time(),
+            "project": str(self.checkpoints_root().parent),
+            "step": acc.gradient_state.step,
             "torchbay_version": acc.pm.infos.get("cpu").version if acc.pm.infos.get("cpu") else "?",
             "torch_version": torch.__version__,
             "python_version": sys.version.split()[0],
@@ -194,57 +298,82 @@ class StateCheckpointer:
             "config": acc.config.model_dump(mode="json"),
             "files": files,
         }
-        (directory / MANIFEST).write_text(json.dumps(manifest, indent=2))
-
-    def _publish(self, partial: Path, final: Path) -> None:
-        old = final.with_name(final.name + ".old")
-        if old.exists():
-            shutil.rmtree(old)
-        if final.exists():
-            final.rename(old)
-        partial.rename(final)
-        if old.exists():
-            shutil.rmtree(old)
 
     def _rotate(self) -> None:
+        """Keep the newest ``project.total_limit`` automatic checkpoints of this project."""
         project = self.acc.config.project
         if not (project.automatic_checkpoint_naming and project.total_limit):
             return
         dirs = self.automatic_dirs()
-        for stale in dirs[:-project.total_limit]:  # the newest is always kept
-            shutil.rmtree(stale)
+        for stale, _ in dirs[:-project.total_limit]:  # ordered by creation time: the newest is always kept
+            try:
+                ckdir.remove_own_checkpoint(stale, f"project.total_limit is {project.total_limit}")
+                log.warning("torchbay: removed the old checkpoint %s (project.total_limit: %d)", stale,
+                            project.total_limit)
+            except (CheckpointError, OSError) as exc:
+                log.warning("torchbay: kept %s: %s", stale, exc)
+
+    # -- save_model ----------------------------------------------------------------------
+    def save_model_files(self, state: dict[str, torch.Tensor], save_directory: str, max_shard_size: str) -> list[str]:
+        """Publish full weights as (sharded) safetensors, atomically like save_state (main process)."""
+        fields = {k: v for k, v in self._manifest("model", {}).items() if k not in ("config", "counts", "files")}
+        return self._main_only("save_model", lambda: publish_model(state, Path(save_directory), max_shard_size,
+                                                                    fields, "save_model")) or []
 
     # -- load --------------------------------------------------------------------------
     def target_for_load(self, input_dir: str | None) -> Path:
         if input_dir is not None:
-            return Path(input_dir)
+            return Path(input_dir).absolute()
         if not self.acc.config.project.automatic_checkpoint_naming:
             raise CheckpointError("load_state() needs a directory, or set project.automatic_checkpoint_naming: true")
         dirs = self.automatic_dirs()
         if not dirs:
             raise CheckpointError(f"no complete checkpoint found under {self.checkpoints_root()}")
-        return dirs[-1]
+        return dirs[-1][0]
 
     def load(self, input_dir: str | None = None) -> Path:
         acc = self.acc
-        directory = self.target_for_load(input_dir).absolute()
-        manifest_path = directory / MANIFEST
-        if not manifest_path.exists():
-            hint = " (it is an interrupted save)" if directory.name.endswith(".partial") else ""
-            raise CheckpointError(f"{directory} is not a complete torchbay checkpoint: {MANIFEST} is missing{hint}")
-        manifest = json.loads(manifest_path.read_text())
+        directory = self._main_only("load_state", lambda: self.target_for_load(input_dir))
+        manifest = self.on_every_rank("load_state", lambda: self._check(directory))[0]
+        self.on_every_rank("load_state", lambda: acc.strategy.load_checkpoint(
+            directory, acc._models, acc._optimizers, acc.checkpoint_io))
+        self.on_every_rank("load_state", lambda: self._restore_local(directory, manifest))
+        if acc.config.project.automatic_checkpoint_naming and AUTOMATIC_NAME.fullmatch(directory.name):
+            acc.save_iteration = int(directory.name.split("_")[1]) + 1
+        return directory
+
+    def _check(self, directory: Path) -> dict:
+        """Manifest, object counts and this rank's share of the file checksums."""
+        manifest = ckdir.read_manifest(directory)
+        if manifest.get("kind", "state") != "state":
+            raise CheckpointError(f"{directory} holds model weights written by save_model, not a training state; "
+                                  f"load it with load_checkpoint_in_model or pass a save_state directory")
         self._check_counts(manifest, directory)
-        acc.strategy.load_checkpoint(directory, acc._models, acc._optimizers, acc.checkpoint_io)
+        files = manifest["files"]
+        missing = sorted(name for name in files if not (directory / name).is_file())
+        if missing:
+            raise CheckpointError(f"{directory} is incomplete: {', '.join(missing[:5])} "
+                                  f"{'is' if len(missing) == 1 else 'are'} missing")
+        if self.acc.config.checkpoint.verify:
+            rank, world = self.acc.process_index, self.acc.num_processes
+            problems = ckdir.verify_files(directory, files, sorted(files)[rank::world])
+            if problems:
+                raise CheckpointError(f"{directory} is damaged: {'; '.join(problems[:5])}; nothing was loaded "
+                                      f"(set checkpoint.verify: false only to skip this check on trusted storage)")
+        return manifest
+
+    def _restore_local(self, directory: Path, manifest: dict) -> None:
+        acc = self.acc
         for i, scheduler in enumerate(acc._schedulers):
-            self._restore(f"scheduler {i}", scheduler.load_state_dict, _torch_load(directory / f"scheduler_{i}.pt", f"scheduler {i}"))
+            self._restore(f"scheduler {i}", scheduler.load_state_dict, self._load(directory / f"scheduler_{i}.pt", f"scheduler {i}"))
         for i, obj in enumerate(acc._custom_objects):
             self._restore(f"registered object {i}", obj.load_state_dict,
-                          _torch_load(directory / f"custom_checkpoint_{i}.pt", f"registered object {i}"))
-        self._restore("precision", acc.precision.load_state_dict, _torch_load(directory / "precision.pt", "precision"))
-        acc._load_training_state(_torch_load(directory / "training_state.pt", "training state"))
+                          self._load(directory / f"custom_checkpoint_{i}.pt", f"registered object {i}"))
+        self._restore("precision", acc.precision.load_state_dict, self._load(directory / "precision.pt", "precision"))
+        acc._load_training_state(self._load(directory / "training_state.pt", "training state"))
         rank = acc.process_index
         rng_file = directory / f"rng_state_{rank}.pt"
-        saved_world = int(manifest["world_size"])
+        saved_world = int(manifest.get("world_size", 1))
         if not rng_file.exists() and rank >= saved_world:
             # more processes than saved it: the strategy has restored (or refused) the weights; this
             # rank takes the RNG stream of a saved rank, so its random draws repeat that rank's
@@ -253,20 +382,17 @@ class StateCheckpointer:
                         "state of rank %d", rank, saved_world, rank % saved_world)
         if not rng_file.exists():
             raise CheckpointError(f"RNG state of rank {rank} is missing from {directory} ({rng_file.name})")
-        restore_rng_state(_torch_load(rng_file, f"RNG state of rank {rank}"), acc.device_backend)
+        restore_rng_state(self._load(rng_file, f"RNG state of rank {rank}"), acc.device_backend)
         extra_file = directory / f"plugin_state_{rank}.pt"
         if acc.pm.hook.torchbay_load_state_extra.get_hookimpls():
-            extras = _torch_load(extra_file, "plugin state") if extra_file.exists() else {}
+            extras = self._load(extra_file, "plugin state") if extra_file.exists() else {}
             acc.pm.hook.torchbay_load_state_extra(context=acc.context, state=extras)
-        if acc.config.project.automatic_checkpoint_naming and re.fullmatch(r"checkpoint_\d+", directory.name):
-            acc.save_iteration = int(directory.name.split("_")[1]) + 1
-        return directory
 
     def _check_counts(self, manifest: dict, directory: Path) -> None:
         acc = self.acc
         ours = {"models": len(acc._models), "optimizers": len(acc._optimizers), "schedulers": len(acc._schedulers),
                 "dataloaders": len(acc._dataloaders), "custom_objects": len(acc._custom_objects)}
-        theirs = manifest.get("counts", {})
+        theirs = manifest.get("counts") or {}
         wrong = [f"{k}: checkpoint has {theirs.get(k)}, this run prepared {v}" for k, v in ours.items() if theirs.get(k) != v]
         if wrong:
             raise CheckpointError(f"{directory} does not match what was prepared ({'; '.join(wrong)}); "

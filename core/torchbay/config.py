@@ -90,6 +90,10 @@ class ProjectSection(Section):
 class CheckpointSection(Section):
     io: str = Field("safetensors", description="checkpoint io plugin that writes model weights")
     max_shard_size: str = Field("5GB", pattern=r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
+    verify: bool = Field(True, description="check every file's size and checksum against the manifest before "
+                                            "loading (turn off only for very large checkpoints on trusted storage)")
+    allow_unsafe_pickle: bool = Field(False, description="load pickled Python objects from checkpoints: this RUNS "
+                                                         "CODE from the files; only for checkpoints you wrote yourself")
 
 
 class LaunchSection(Section):

@@ -194,16 +194,17 @@ class Strategy:
         return self.unwrap_model(model).state_dict()
 
     def save_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO) -> list[str]:
-        """Write model and optimizer state into ``directory``; return the files written.
+        """Write model and optimizer state into ``directory``; return the files this rank wrote.
 
-        The default writes full state from the main process: ``model_{i}`` via ``io`` and
-        ``optimizer_{i}.pt`` with ``torch.save``.
+        The default writes full state: ``model_{i}`` via ``io`` (from every rank when the io
+        is collective, else from the main process) and ``optimizer_{i}.pt`` with ``torch.save``.
         """
         written: list[str] = []
         model_states = [self.model_state_dict(m) for m in models]
-        if self.rank == 0:
+        if io.collective or self.rank == 0:
             for i, state in enumerate(model_states):
                 written += io.save_state_dict(state, directory, f"model_{i}")
+        if self.rank == 0:
             for i, opt in enumerate(optimizers):
                 torch.save(opt.state_dict(), directory / f"optimizer_{i}.pt")
                 written.append(f"optimizer_{i}.pt")
@@ -211,11 +212,14 @@ class Strategy:
 
     def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO) -> None:
         from torchbay.errors import CheckpointError
+        from torchbay.safe_load import safe_torch_load
 
         for i, model in enumerate(models):
-            state = io.load_state_dict(directory, f"model_{i}", device="cpu")
+            module = self.unwrap_model(model)
+            template = module.state_dict() if io.collective else None
+            state = io.load_state_dict(directory, f"model_{i}", device="cpu", template=template)
             try:
-                missing, unexpected = self.unwrap_model(model).load_state_dict(state, strict=False)
+                missing, unexpected = module.load_state_dict(state, strict=False)
             except Exception as exc:
                 raise CheckpointError(f"model {i} in {directory} does not fit the prepared model: {exc}") from exc
             missing = [k for k in missing if not k.endswith("_extra_state")]  # non-tensor state is not in the file
@@ -223,14 +227,11 @@ class Strategy:
                 raise CheckpointError(f"model {i} in {directory} does not fit the prepared model: missing keys "
                                       f"{missing[:10]}, unexpected keys {unexpected[:10]}")
         for i, opt in enumerate(optimizers):
-            path = directory / f"optimizer_{i}.pt"
-            if not path.exists():
-                raise CheckpointError(f"optimizer {i}: {path} is missing from the checkpoint")
+            state = safe_torch_load(directory / f"optimizer_{i}.pt", f"optimizer {i}", trusted=io.trusted)
             try:
-                opt.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+                opt.load_state_dict(state)
             except Exception as exc:
-                raise CheckpointError(f"optimizer {i} could not be restored from {path}: {exc}") from exc
-
+                raise CheckpointError(f"optimizer {i} could not be restored from {directory}: {exc}") from exc
 
 
 # torch 2.13 renamed all_gather_into_tensor; keep working on the older releases torchbay supports

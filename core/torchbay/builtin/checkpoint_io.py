@@ -66,7 +66,7 @@ class SafetensorsCheckpointIO(CheckpointIO):
     def exists(self, directory: Path, stem: str) -> bool:
         return (directory / f"{stem}.safetensors").exists() or (directory / f"{stem}.safetensors.index.json").exists()
 
-    def load_state_dict(self, directory: Path, stem: str, device: str = "cpu"):
+    def load_state_dict(self, directory: Path, stem: str, device: str = "cpu", template=None):
         from safetensors.torch import load_file
 
         index_path = directory / f"{stem}.safetensors.index.json"
@@ -93,30 +93,35 @@ class SafetensorsCheckpointIO(CheckpointIO):
 
 
 class DCPCheckpointIO(CheckpointIO):
-    """torch.distributed.checkpoint: every rank writes its own part, in parallel."""
+    """torch.distributed.checkpoint: every rank writes its own part, in parallel (a collective)."""
 
     name = "dcp"
+    collective = True
 
     def save_state_dict(self, state, directory: Path, stem: str) -> list[str]:
         import torch.distributed.checkpoint as dcp
 
         dcp.save(state, checkpoint_id=str(directory / stem))
-        return [stem]
+        return dcp_files_of_rank(directory, stem)
 
     def exists(self, directory: Path, stem: str) -> bool:
         return (directory / stem / ".metadata").exists()
 
     def load_state_dict(self, directory: Path, stem: str, device: str = "cpu", template=None):
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+        from torchbay.safe_load import dcp_load, dcp_load_full
 
-        path = directory / stem
-        if not self.exists(directory, stem):
-            raise CheckpointError(f"DCP checkpoint '{path}' is missing or incomplete (no .metadata)")
         if template is not None:
-            dcp.load(template, checkpoint_id=str(path))
-            return template
-        return _load_state_dict_from_keys(checkpoint_id=str(path))
+            return dcp_load(template, directory / stem, trusted=self.trusted)
+        return dcp_load_full(directory / stem, trusted=self.trusted)
+
+
+def dcp_files_of_rank(directory: Path, stem: str) -> list[str]:
+    """The files of DCP checkpoint ``directory/stem`` that this rank wrote (rank 0 also the metadata)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return [f"{stem}/{path.name}" for path in sorted((directory / stem).iterdir())
+            if path.name.startswith(f"__{rank}_") or (rank == 0 and not path.name.startswith("__"))]
 
 
 @hookimpl

@@ -50,27 +50,18 @@ def load_full_state_dict(checkpoint_dir: str | Path, model_index: int = 0) -> di
     """The full model state dict of a sharded checkpoint, read in this one process."""
     import torch
 
-    path = find_model_dir(checkpoint_dir, model_index)
-    try:
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+    from torchbay.safe_load import dcp_load_full
 
-        state = _load_state_dict_from_keys(checkpoint_id=str(path))
-    except ImportError:  # older torch: go through a temporary torch.save file
-        import tempfile
-
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-        with tempfile.TemporaryDirectory() as tmp:
-            dcp_to_torch_save(str(path), f"{tmp}/full.pt")
-            state = torch.load(f"{tmp}/full.pt", map_location="cpu", weights_only=True)
+    state = dcp_load_full(find_model_dir(checkpoint_dir, model_index))
     return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
 def merge_weights(checkpoint_dir: str | Path, output_dir: str | Path, model_index: int = 0,
                   max_shard_size: str = "5GB") -> list[str]:
-    from torchbay.builtin.checkpoint_io import SafetensorsCheckpointIO
+    import torch
+
+    from torchbay.checkpointing import publish_model
 
     state = load_full_state_dict(checkpoint_dir, model_index)
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    return SafetensorsCheckpointIO(max_shard_size=max_shard_size).save_state_dict(state, out, "model")
+    fields = {"merged_from": str(Path(checkpoint_dir).absolute()), "torch_version": torch.__version__}
+    return publish_model(state, Path(output_dir), max_shard_size, fields, "merge-weights")

@@ -361,15 +361,17 @@ class FSDPStrategy(Strategy):
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+        from torchbay.builtin.checkpoint_io import dcp_files_of_rank
+
         written: list[str] = []
         for i, model in enumerate(models):
             dcp.save(get_model_state_dict(model), checkpoint_id=str(directory / model_dir(i)))
-            written += self._files_of_rank(directory, model_dir(i))
+            written += dcp_files_of_rank(directory, model_dir(i))
         for j, opt in enumerate(optimizers):
             raw = getattr(opt, "optimizer", opt)
             state = get_optimizer_state_dict(self._owner(raw, models), raw)
             dcp.save(state, checkpoint_id=str(directory / optimizer_dir(j)))
-            written += self._files_of_rank(directory, optimizer_dir(j))
+            written += dcp_files_of_rank(directory, optimizer_dir(j))
         if self.rank == 0:
             info = {"format": "torch.distributed.checkpoint", "fsdp_version": self.settings.version,
                     "world_size": self.world_size, "models": [model_dir(i) for i in range(len(models))],
@@ -378,23 +380,17 @@ class FSDPStrategy(Strategy):
             written.append(INFO_FILE)
         return written
 
-    def _files_of_rank(self, directory: Path, stem: str) -> list[str]:
-        out = []
-        for path in sorted((directory / stem).iterdir()):
-            if path.name.startswith(f"__{self.rank}_") or (self.rank == 0 and not path.name.startswith("__")):
-                out.append(f"{stem}/{path.name}")
-        return out
-
     def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO) -> None:
         """Load sharded state written by any number of processes (DCP reshards on load).
 
         A checkpoint written by a strategy that saves full weights (single, ddp) loads its
         model weights too; its optimizer state cannot be mapped onto shards.
         """
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                              get_optimizer_state_dict, set_model_state_dict,
                                                              set_optimizer_state_dict)
+
+        from torchbay.safe_load import dcp_load
 
         sharded = [(directory / model_dir(i) / ".metadata").exists() for i in range(len(models))]
         for i, is_sharded in enumerate(sharded):  # check every part before changing anything
@@ -409,8 +405,7 @@ class FSDPStrategy(Strategy):
         for i, model in enumerate(models):
             try:
                 if sharded[i]:
-                    state = get_model_state_dict(model)
-                    dcp.load(state, checkpoint_id=str(directory / model_dir(i)))
+                    state = dcp_load(get_model_state_dict(model), directory / model_dir(i), trusted=io.trusted)
                     set_model_state_dict(model, state)
                 else:
                     full = io.load_state_dict(directory, f"model_{i}", device="cpu") if self.rank == 0 else {}
@@ -424,8 +419,7 @@ class FSDPStrategy(Strategy):
             raw = getattr(opt, "optimizer", opt)
             owner = self._owner(raw, models)
             try:
-                state = get_optimizer_state_dict(owner, raw)
-                dcp.load(state, checkpoint_id=str(path))
+                state = dcp_load(get_optimizer_state_dict(owner, raw), path, trusted=io.trusted)
                 set_optimizer_state_dict(owner, raw, state)
             except Exception as exc:
                 raise CheckpointError(f"optimizer {j} could not be restored from {path}: "
