@@ -19,6 +19,9 @@ class ConfigError(TorchbayError, ValueError):
 
     def __init__(self, problems: list[str] | str, *, header: str = "invalid torchbay configuration"):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
+        if len(self.problems) == 1 and "\n" not in self.problems[0]:
+            super().__init__(f"{header}: {self.problems[0]}")  # one problem: one line
+            return
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{header}:\n{lines}")
 

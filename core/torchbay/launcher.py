@@ -290,7 +290,11 @@ def run_torchrun(plan: LaunchPlan, env: Mapping[str, str], target: str, target_a
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    args = torchrun.get_args_parser().parse_args(torchrun_argv(plan, target, target_args, module))
+    parser = torchrun.get_args_parser()
+    parser.allow_abbrev = False
+    args = parser.parse_args(torchrun_argv(plan, target, []))
+    # everything after the script is the script's, unchanged: never parsed by torchrun
+    args.training_script_args = (["-m", target] if module else [target]) + list(target_args)
     os.environ.update(env)
     try:
         torchrun.run(args)

@@ -8,14 +8,22 @@ Plugins are entry points in group ``torchbay``. Control, as pytest has:
 - ``block=["name"]`` (``-p no:name`` on the command line, ``TORCHBAY_BLOCK_PLUGINS``): never load it;
 - ``required_plugins`` (config key ``plugins.required``): fail when one is not loaded.
 
-A plugin that fails to import or register is recorded with its distribution, version and
-the exception; the core keeps working without it.
+A third-party plugin that fails (at import, or by raising anything but ``KeyboardInterrupt``
+in any hook, ``SystemExit`` included, or by registering a name that is already taken) is
+*disabled for the run*: one warning names the plugin, its distribution, the hook and the
+error; ``torchbay plugins`` lists it as failed; its hooks do nothing from then on and what
+it registered is dropped. When a device, strategy, precision or checkpoint io of the run
+comes from it, the run stops with that same message (:class:`~torchbay.errors.PluginError`).
+A :class:`~torchbay.errors.TorchbayError` raised on purpose by a hook is the plugin's answer,
+not a failure, and propagates.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata as importlib_metadata
+import logging
 import os
 import traceback
 from dataclasses import dataclass, field
@@ -24,10 +32,11 @@ from typing import Any, Iterable
 import pluggy
 
 from torchbay import hookspecs
-from torchbay.errors import PluginError
+from torchbay.errors import PluginError, TorchbayError
 
 ENTRY_POINT_GROUP = "torchbay"
 hookimpl = pluggy.HookimplMarker("torchbay")
+log = logging.getLogger("torchbay")
 
 BUILTIN_PLUGINS = (
     "torchbay.builtin.cpu",
@@ -37,6 +46,8 @@ BUILTIN_PLUGINS = (
     "torchbay.builtin.cluster",
     "torchbay.builtin.validation",
 )
+#: exceptions that are never a plugin's failure: the user pressing Ctrl-C, generator clean-up
+_NOT_A_FAILURE = (KeyboardInterrupt, GeneratorExit)
 
 
 @dataclass
@@ -50,23 +61,45 @@ class PluginInfo:
     error: str = ""
     hooks: list[str] = field(default_factory=list)
     registers: list[str] = field(default_factory=list)
+    hook: str = ""  # where it failed: "import" or a hook name
+    message: str = ""  # the one-line warning given when it failed
+
+    def how_to_remove(self) -> str:
+        if self.distribution in ("(module)",):
+            return f"remove '{self.name}' from TORCHBAY_PLUGINS / -p"
+        if self.distribution in ("(in process)", "?", ""):
+            return f"do not register '{self.name}'"
+        return (f"block it with -p no:{self.name} or TORCHBAY_BLOCK_PLUGINS={self.name}, "
+                f"or pip uninstall {self.distribution}")
 
 
 def _env_list(name: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
 
 
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"SystemExit({exc.code!r})"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
 class PluginManager(pluggy.PluginManager):
     """A pluggy manager with torchbay's hookspecs, built-ins and entry-point loading.
 
     Build one with :func:`get_plugin_manager` (cached per process) or directly in tests.
+    Every hook implementation of a non-built-in plugin is guarded: see the module docstring.
     """
 
     def __init__(self, *, block: Iterable[str] = (), autoload: bool | None = None,
                  only: Iterable[str] | None = None, builtins: bool = True):
         super().__init__("torchbay")
-        self.add_hookspecs(hookspecs)
         self.infos: dict[str, PluginInfo] = {}
+        #: plugins that provide the selected device/strategy/precision/checkpoint io of this run
+        self.selected: set[str] = set()
+        self._guarding = False
+        self._registries: dict[str, dict[str, Any]] | None = None
+        self.add_hookspecs(hookspecs)
         self.blocked = set(block) | set(_env_list("TORCHBAY_BLOCK_PLUGINS"))
         if autoload is None:
             autoload = os.environ.get("TORCHBAY_DISABLE_PLUGIN_AUTOLOAD", "") in ("", "0", "false")
@@ -76,9 +109,9 @@ class PluginManager(pluggy.PluginManager):
         self.hook.torchbay_addhooks.call_historic(kwargs={"pluginmanager": self})
         if builtins:
             self._register_builtins()
+        self._guarding = True  # everything registered from here on is third-party
         self._load_entry_points()
         self._load_named_modules()
-        self._registries: dict[str, dict[str, Any]] | None = None
 
     # -- loading ------------------------------------------------------------------------
     def _register_builtins(self) -> None:
@@ -97,6 +130,13 @@ class PluginManager(pluggy.PluginManager):
             dist = getattr(ep, "dist", None)
             dist_name = dist.metadata["Name"] if dist is not None else "?"
             dist_version = dist.version if dist is not None else "?"
+            if ep.name in self.infos and self.infos[ep.name].distribution == "torchbay":
+                info = PluginInfo(ep.name, dist_name, dist_version, "failed")
+                self._fail(info, "entry point", f"its entry-point name '{ep.name}' is the name of a built-in "
+                           f"plugin (blocking that name would block the built-in)",
+                           key=f"{ep.name} ({dist_name})", remedy=f"pip uninstall {dist_name}, or rename the "
+                                                                  f"entry point")
+                continue
             info = PluginInfo(ep.name, dist_name, dist_version, "loaded")
             self.infos[ep.name] = info
             if ep.name in self.blocked:
@@ -105,28 +145,117 @@ class PluginManager(pluggy.PluginManager):
             if not self.autoload and ep.name not in self.only:
                 info.status = "not autoloaded"
                 continue
-            try:
-                plugin = ep.load()
-                self.register(plugin, name=ep.name)
-            except Exception as exc:  # a broken plugin must not break the core
-                info.status = "failed"
-                info.error = f"{type(exc).__name__}: {exc}"
-                info.traceback = traceback.format_exc()  # type: ignore[attr-defined]
+            self._load(info, ep.load)
 
     def _load_named_modules(self) -> None:
         """``TORCHBAY_PLUGINS`` / ``-p`` names that are no entry point are imported as modules."""
         for name in sorted(self.only - set(self.infos) - self.blocked):
             info = self.infos[name] = PluginInfo(name, "(module)", "", "loaded")
-            try:
-                self.register(importlib.import_module(name), name=name)
-            except Exception as exc:
-                info.status, info.error = "failed", f"{type(exc).__name__}: {exc}"
+            self._load(info, lambda name=name: importlib.import_module(name))
+
+    def _load(self, info: PluginInfo, load) -> None:
+        try:
+            plugin = load()
+        except _NOT_A_FAILURE:
+            raise
+        except BaseException as exc:  # SystemExit included: a broken plugin must not break the core
+            info.traceback = traceback.format_exc()  # type: ignore[attr-defined]
+            self._fail(info, "import", _describe(exc))
+            return
+        try:
+            self.register(plugin, name=info.name)
+        except _NOT_A_FAILURE:
+            raise
+        except BaseException as exc:
+            self._fail(info, "registration", _describe(exc))
+            if self.get_plugin(info.name) is plugin:
+                self.unregister(name=info.name)  # partly registered: take every hook back out
 
     def register_plugin(self, plugin: Any, name: str) -> None:
         """Register an in-process plugin object (tests, notebooks); resets the registries."""
-        self.register(plugin, name=name)
         self.infos[name] = PluginInfo(name, "(in process)", "", "loaded")
+        self.register(plugin, name=name)
         self._registries = None
+
+    # -- isolation ------------------------------------------------------------------------
+    def _verify_hook(self, hook, hookimpl) -> None:
+        super()._verify_hook(hook, hookimpl)
+        # wrap before pluggy replays historic calls to the new implementation
+        if self._guarding and not hookimpl.hookwrapper and not getattr(hookimpl.function, "_torchbay_guard", False):
+            hookimpl.function = self._guard(hookimpl.plugin_name, hook.name, hookimpl.function, hookimpl.wrapper)
+
+    def _guard(self, plugin: str, hook: str, function, wrapper: bool):
+        pm = self
+        if not wrapper:
+            @functools.wraps(function)
+            def guarded(*args, **kwargs):
+                if pm.is_failed(plugin):
+                    return None
+                try:
+                    return function(*args, **kwargs)
+                except (TorchbayError, *_NOT_A_FAILURE):
+                    raise
+                except BaseException as exc:
+                    pm.hook_failed(plugin, hook, exc)
+                    return None
+        else:
+            @functools.wraps(function)
+            def guarded(*args, **kwargs):
+                if pm.is_failed(plugin):
+                    return (yield)
+                try:
+                    gen = function(*args, **kwargs)
+                    next(gen)
+                except (TorchbayError, *_NOT_A_FAILURE):
+                    raise
+                except BaseException as exc:
+                    pm.hook_failed(plugin, hook, exc)
+                    return (yield)
+                try:
+                    result = yield
+                except BaseException as exc:  # a later implementation raised: the wrapper may handle it
+                    try:
+                        gen.throw(exc)
+                    except StopIteration as stop:
+                        return stop.value
+                    raise exc from None
+                try:
+                    gen.send(result)
+                except StopIteration as stop:
+                    return stop.value
+                except (TorchbayError, *_NOT_A_FAILURE):
+                    raise
+                except BaseException as exc:
+                    pm.hook_failed(plugin, hook, exc)
+                    return result
+                pm.hook_failed(plugin, hook, RuntimeError("the wrapper yielded twice"))
+                return result
+        guarded._torchbay_guard = True
+        return guarded
+
+    def is_failed(self, name: str) -> bool:
+        info = self.infos.get(name)
+        return info is not None and info.status == "failed"
+
+    def hook_failed(self, name: str, hook: str, exc: BaseException) -> None:
+        """Disable plugin ``name`` after ``hook`` raised ``exc``; raise when the run depends on it."""
+        info = self.infos.setdefault(name, PluginInfo(name, "?", "?", "failed"))
+        info.traceback = "".join(traceback.format_exception(exc))  # type: ignore[attr-defined]
+        self._fail(info, hook, _describe(exc))
+        if name in self.selected:
+            raise PluginError(info.message) from exc
+
+    def _fail(self, info: PluginInfo, hook: str, error: str, key: str | None = None, remedy: str = "") -> None:
+        if info.status == "failed" and info.message:
+            return  # one warning per plugin
+        version = f" {info.version}" if info.version and info.version != "?" else ""
+        where = "while loading" if hook in ("import", "registration", "entry point") else f"in {hook}"
+        info.status, info.error, info.hook = "failed", error, hook
+        info.message = (f"plugin '{info.name}' (distribution {info.distribution}{version}) failed {where}: "
+                        f"{error}; it is disabled for this run ({remedy or info.how_to_remove()})")
+        self.infos[key or info.name] = info
+        self._registries = None
+        log.warning("torchbay: %s", info.message)
 
     # -- queries ------------------------------------------------------------------------
     def failed_plugins(self) -> list[PluginInfo]:
@@ -146,9 +275,14 @@ class PluginManager(pluggy.PluginManager):
             raise PluginError("\n".join(missing))
 
     def registries(self) -> dict[str, dict[str, Any]]:
-        """``{"devices": {name: cls}, "strategies": ..., "precisions": ..., ...}``, built once."""
-        if self._registries is None:
-            self._registries = {
+        """``{"devices": {name: cls}, "strategies": ..., "precisions": ..., ...}``, built once.
+
+        Implementations are collected built-ins first, then in registration order; a later
+        plugin that registers a name already taken is the one that fails.
+        """
+        while self._registries is None:
+            failed_before = len(self.failed_plugins())
+            registries = {
                 "devices": self._collect(self.hook.torchbay_register_devices, "device"),
                 "strategies": self._collect(self.hook.torchbay_register_strategies, "strategy"),
                 "precisions": self._collect(self.hook.torchbay_register_precisions, "precision",
@@ -157,36 +291,48 @@ class PluginManager(pluggy.PluginManager):
                 "cluster_environments": self._collect(
                     self.hook.torchbay_register_cluster_environments, "cluster environment"),
             }
-            self._record_registrations()
+            if len(self.failed_plugins()) == failed_before:  # a failure drops all of a plugin's classes
+                self._registries = registries
+                self._record_registrations()
         return self._registries
 
     def _collect(self, hook, what: str, key=lambda cls: cls.name) -> dict[str, Any]:
         found: dict[str, Any] = {}
-        for impl in reversed(hook.get_hookimpls()):  # registration order, built-ins first
-            try:
-                classes = impl.function() or []
-            except Exception as exc:
-                self._mark_failed(impl.plugin_name, f"{hook.name} raised {type(exc).__name__}: {exc}")
+        for impl in hook.get_hookimpls():  # registration order: built-ins first
+            if self.is_failed(impl.plugin_name):
                 continue
-            for cls in classes:
-                name = key(cls)
+            classes = impl.function() or []
+            if self.is_failed(impl.plugin_name):  # it raised
+                continue
+            try:
+                named = [(str(key(cls)), cls) for cls in classes]
+            except Exception as exc:
+                self._fail(self.infos.setdefault(impl.plugin_name, PluginInfo(impl.plugin_name, "?", "?", "failed")),
+                           hook.name, f"returned {classes!r}, not a list of {what} classes ({_describe(exc)})")
+                continue
+            for name, cls in named:
                 if name in found and found[name] is not cls:
-                    raise PluginError(
-                        f"{what} '{name}' is registered twice: by {found[name].__module__} and by "
-                        f"{cls.__module__} (plugin '{impl.plugin_name}'); uninstall one or block it "
-                        f"with TORCHBAY_BLOCK_PLUGINS={impl.plugin_name}")
-                cls._torchbay_plugin = impl.plugin_name
-                found[name] = cls
-        return found
+                    self._clash(what, name, getattr(found[name], "_torchbay_plugin", "?"), impl.plugin_name,
+                                hook.name)
+                    break
+                if name not in found:
+                    cls._torchbay_plugin = impl.plugin_name
+                    found[name] = cls
+        return {name: cls for name, cls in found.items()
+                if not self.is_failed(getattr(cls, "_torchbay_plugin", ""))}
 
-    def _mark_failed(self, plugin_name: str, error: str) -> None:
-        info = self.infos.setdefault(plugin_name, PluginInfo(plugin_name, "?", "?", "failed"))
-        info.status, info.error = "failed", error
-        self.unregister(name=plugin_name)
+    def _clash(self, what: str, name: str, first: str, second: str, hook: str) -> None:
+        owner = self.infos.get(first)
+        by = (f"the built-in plugin '{first}'" if owner is not None and owner.distribution == "torchbay"
+              else f"plugin '{first}'" + (f" ({owner.distribution})" if owner else ""))
+        info = self.infos.setdefault(second, PluginInfo(second, "?", "?", "failed"))
+        self._fail(info, hook, f"it registers {what} '{name}', which {by} already provides")
 
     def _record_registrations(self) -> None:
         singular = {"devices": "device", "strategies": "strategy", "precisions": "precision",
                     "checkpoint_io": "checkpoint_io", "cluster_environments": "cluster_environment"}
+        for info in self.infos.values():
+            info.registers = []
         for kind, registry in self._registries.items():
             for name, cls in registry.items():
                 info = self.infos.get(getattr(cls, "_torchbay_plugin", ""))
@@ -200,13 +346,35 @@ class PluginManager(pluggy.PluginManager):
         return sorted(caller.name for caller in self.get_hookcallers(plugin) or [])
 
     def config_sections(self) -> dict[str, Any]:
+        """Every plugin's config section; a plugin whose section name is taken fails."""
+        from pydantic import BaseModel
+
+        from torchbay.config import CoreConfig
+
         sections: dict[str, Any] = {}
         owners: dict[str, str] = {}
-        for impl in reversed(self.hook.torchbay_config_sections.get_hookimpls()):
-            for name, model in (impl.function() or {}).items():
-                if name in sections:
-                    raise PluginError(f"config section '{name}' is claimed by plugins "
-                                      f"'{owners[name]}' and '{impl.plugin_name}'; block one of them")
+        for impl in self.hook.torchbay_config_sections.get_hookimpls():  # built-ins first
+            if self.is_failed(impl.plugin_name):
+                continue
+            found = impl.function() or {}
+            if self.is_failed(impl.plugin_name):
+                continue
+            info = self.infos.setdefault(impl.plugin_name, PluginInfo(impl.plugin_name, "?", "?", "failed"))
+            hook = "torchbay_config_sections"
+            if not isinstance(found, dict) or not all(
+                    isinstance(m, type) and issubclass(m, BaseModel) for m in found.values()):
+                self._fail(info, hook, f"returned {found!r}, not a mapping of section name to pydantic model")
+                continue
+            clash = next((n for n in found if n in CoreConfig.model_fields), None)
+            if clash:
+                self._fail(info, hook, f"its config section '{clash}' clashes with the core key '{clash}'")
+                continue
+            clash = next((n for n in found if n in sections), None)
+            if clash:
+                self._fail(info, hook, f"its config section '{clash}' is already claimed by plugin "
+                                       f"'{owners[clash]}'")
+                continue
+            for name, model in found.items():
                 sections[name], owners[name] = model, impl.plugin_name
         return sections
 

@@ -12,7 +12,7 @@ from typing import Any
 from torchbay.cluster import detect_cluster_environment
 from torchbay.config import ResolvedConfig
 from torchbay.context import RunContext
-from torchbay.errors import IncompatibleSetupError, PluginError
+from torchbay.errors import IncompatibleSetupError, PluginError, TorchbayError
 from torchbay.precision import Precision
 from torchbay.strategy import Strategy
 
@@ -26,6 +26,19 @@ def _missing(kind: str, name: str, registry: dict[str, Any], pm, package: str) -
     if failed:
         msg += f"; plugins that failed to load: {'; '.join(failed)}"
     return msg
+
+
+def _check(cls, context, problems: list[str], pm) -> None:
+    """``cls.check(context)``: a selected class's own complaints; a crash there names its plugin."""
+    try:
+        problems += list(cls.check(context) or [])
+    except TorchbayError:
+        raise
+    except Exception as exc:
+        plugin = getattr(cls, "_torchbay_plugin", "?")
+        info = pm.infos.get(plugin)
+        dist = f" (distribution {info.distribution})" if info else ""
+        problems.append(f"plugin '{plugin}'{dist} failed in {cls.__name__}.check: {type(exc).__name__}: {exc}")
 
 
 def select_device(name: str, registry: dict[str, Any], pm, problems: list[str]):
@@ -57,13 +70,17 @@ def select_strategy(name: str, registry: dict[str, Any], world_size: int, pm, pr
 
 def select_precision(config, registry: dict[str, Any], device_cls, pm, problems: list[str]):
     mode = config.mixed_precision
+    engines = {key.split(":", 1)[1]: cls for key, cls in registry.items() if key.startswith("fp8:")}
+    backend = config.fp8.backend
     if mode != "fp8":
         cls = registry.get(mode)
         if cls is None:
             problems.append(f"mixed_precision '{mode}' has no registered implementation (is the amp plugin blocked?)")
+        if backend != "auto" and backend not in engines:
+            problems.append(f"fp8.backend '{backend}' is not an installed FP8 engine (installed engines: "
+                            f"{', '.join(sorted(engines)) or 'none'}); set fp8.backend to one of them or auto, "
+                            f"or pip install torchbay-fp8-{backend}")
         return cls
-    engines = {key.split(":", 1)[1]: cls for key, cls in registry.items() if key.startswith("fp8:")}
-    backend = config.fp8.backend
     if backend != "auto":
         cls = engines.get(backend)
         if cls is None:
@@ -111,10 +128,21 @@ def build_context(resolved: ResolvedConfig, pm, cluster=None) -> RunContext:
     context = RunContext(resolved=resolved, pm=pm, cluster=cluster, device_backend_cls=device_cls,
                          strategy_cls=strategy_cls or Strategy, precision_cls=precision_cls or Precision)
     if device_cls is not None and strategy_cls is not None and precision_cls is not None:
-        problems += strategy_cls.check(context)
-        problems += precision_cls.check(context)
+        _check(strategy_cls, context, problems, pm)
+        _check(precision_cls, context, problems, pm)
         for found in pm.hook.torchbay_validate(context=context):
             problems += list(found or [])
+    chosen = (device_cls, strategy_cls, precision_cls, registries["checkpoint_io"].get(config.checkpoint.io))
+    selected = {getattr(cls, "_torchbay_plugin", None) for cls in chosen if cls is not None} - {None}
+    for name in sorted(selected):
+        if pm.is_failed(name):  # it failed in a hook since it registered the class: the run cannot use it
+            problems.append(pm.infos[name].message)
+    fp8_set = sorted(k for k, src in resolved.sources.items() if k.startswith("fp8.") and src != "default")
+    if fp8_set and config.mixed_precision != "fp8" and not problems:
+        log.warning("torchbay: %s set but mixed_precision is '%s', so no FP8 engine runs and the fp8 section has "
+                    "no effect; set mixed_precision: fp8 to use it, or remove the fp8 section",
+                    ", ".join(fp8_set), config.mixed_precision)
+    pm.selected = selected  # from now on a failure of these stops the run instead of disabling them
     if problems:
         raise IncompatibleSetupError(problems)
     return context

@@ -42,6 +42,11 @@ def launch_command(args: argparse.Namespace) -> int:
     from torchbay.launcher import exec_direct, prepare, run_torchrun, torchrun_argv
     from torchbay.plugins import get_plugin_manager
 
+    args.script_args = script_args_as_given(args)
+    if not args.module and os.path.isdir(args.script):
+        raise ConfigError(f"script '{args.script}' is a directory, not a Python file; give the script inside it "
+                          f"(e.g. {os.path.join(args.script, 'train.py')}) or a module with -m NAME",
+                          header="nothing to launch")
     if not args.module and not os.path.isfile(args.script):
         raise ConfigError(f"script '{args.script}' does not exist (to run a module, use torchbay launch -m NAME)",
                           header="nothing to launch")
@@ -66,6 +71,23 @@ def launch_command(args: argparse.Namespace) -> int:
     if _is_console_command():
         _exit_now(code)
     return code
+
+
+def script_args_as_given(args: argparse.Namespace) -> list[str]:
+    """The arguments after the script exactly as typed (argparse drops a ``--`` among them)."""
+    argv = getattr(args, "_argv", None)
+    if argv is None:
+        return list(args.script_args)
+    for i, token in enumerate(argv):
+        if token != args.script:
+            continue
+        rest = argv[i + 1:]
+        stripped = list(rest)
+        if "--" in stripped:
+            stripped.remove("--")
+        if rest == list(args.script_args) or stripped == list(args.script_args):
+            return rest
+    return list(args.script_args)
 
 
 def _is_console_command() -> bool:

@@ -39,11 +39,19 @@ def apply_plugin_flags(argv: list[str]) -> list[str]:
     return argv
 
 
+class Parser(argparse.ArgumentParser):
+    """Every torchbay parser: no abbreviated options (``--nproc`` after the script is the
+    script's, never a guess at ``--nproc-per-node``). Sub-parsers inherit the class."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from torchbay.plugins import get_plugin_manager
 
-    parser = argparse.ArgumentParser(prog="torchbay", description="Run your own PyTorch loop on any device, "
-                                     "strategy and precision.")
+    parser = Parser(prog="torchbay", description="Run your own PyTorch loop on any device, strategy and precision.")
     parser.add_argument("-p", dest="plugin_flags", action="append", metavar="NAME",
                         help="load plugin NAME (an entry-point name or an importable module), or block it "
                              "with -p no:NAME; give before the command, may repeat")
@@ -62,15 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = apply_plugin_flags(list(sys.argv[1:] if argv is None else argv))
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+    command = next((a for a in argv if not a.startswith("-")), "")
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        command = args.command
+        args._argv = argv
         return int(args.func(args) or 0)
     except TorchbayError as exc:
-        print(f"torchbay {args.command}: error: {exc}", file=sys.stderr)
+        print(f"torchbay {command}: error: {exc}".replace("torchbay : ", "torchbay: "), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
