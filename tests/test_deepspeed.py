@@ -333,6 +333,8 @@ def test_changed_world_size_is_a_clear_error_then_loads_as_universal_checkpoint(
     error = result["plain_error"]
     assert "written by 2 processes and this run has 1" in error
     assert "deepspeed.load_universal: true" in error and "ds_to_universal" in error
-    assert "zero" in result["universal_files"]  # converted once, next to the checkpoint
+    # converted in a temporary directory beside the checkpoint, removed afterwards: the checkpoint is unchanged
+    assert result["engine_dir_after_load"] == ["ds"]
+    assert not [n for n in result["beside_checkpoint"] if "universal" in n]
     assert result["student_vs_saved"] == 0.0  # every full weight back, now in one partition
     assert all(loss == loss and loss < 10 for loss in result["losses"])  # and training goes on

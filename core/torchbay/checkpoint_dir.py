@@ -146,6 +146,8 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
 
 
 def _complete_manifest(directory: Path) -> dict[str, Any] | None:
+    if directory.is_symlink() or not directory.is_dir():
+        return None
     try:
         return read_manifest(directory)
     except CheckpointError:

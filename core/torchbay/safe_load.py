@@ -34,19 +34,20 @@ def _refused_global(exc: Exception) -> str | None:
 
 
 def safe_torch_load(source: Path | str | IO[bytes], what: str, *, allowed: Iterable[Any] = (),
-                    trusted: bool = False) -> Any:
-    """``torch.load`` on CPU that never executes code from ``source``.
+                    trusted: bool = False, map_location: Any = "cpu") -> Any:
+    """``torch.load`` that never executes code from ``source`` (tensors on CPU by default).
 
-    ``allowed`` lists extra classes/functions (objects, not names) the format needs.
+    ``allowed`` lists extra classes (objects, not names) the format needs; torch rebuilds
+    them from their saved attributes without calling anything else.
     """
     name = source if isinstance(source, (str, Path)) else getattr(source, "name", "<stream>")
     if isinstance(source, (str, Path)) and not Path(source).exists():
         raise CheckpointError(f"{what}: {Path(source).name} is missing from {Path(source).parent}")
     try:
         if trusted:
-            return torch.load(source, map_location="cpu", weights_only=False)  # the user's explicit opt-out
+            return torch.load(source, map_location=map_location, weights_only=False)  # the user's explicit opt-out
         with torch.serialization.safe_globals(list(allowed)):
-            return torch.load(source, map_location="cpu", weights_only=True)
+            return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         refused = _refused_global(exc)
         if refused:
@@ -95,8 +96,11 @@ def _dcp_classes():
 
     class SafeFileSystemReader(FileSystemReader):
         trusted = False
+        checked_metadata = None
 
         def read_metadata(self, *args: Any, **kwargs: Any):
+            if self.checked_metadata is not None and kwargs.get("rank") is None:
+                return self.checked_metadata
             if self.trusted:
                 return super().read_metadata(*args, **kwargs)
             path = self._get_metadata_path(kwargs.get("rank"))
@@ -142,17 +146,26 @@ def _reader_and_planner(path: Path, full: bool, trusted: bool):
     reader = reader_cls(str(path))
     planner = full_planner_cls() if full else planner_cls()
     reader.trusted = planner.trusted = trusted
+    # read (and refuse) the metadata here, where a refusal reaches the caller as it is;
+    # inside DCP it would be caught and retried as per-rank metadata
+    reader.checked_metadata = reader.read_metadata()
     return reader, planner
 
 
-def _dcp_error(path: Path, exc: Exception) -> CheckpointError:
+def _dcp_exception() -> type[BaseException]:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
+
+
+def _dcp_error(path: Path, exc: BaseException) -> CheckpointError:
     """DCP wraps errors from every rank; surface our own refusal when it is inside."""
     text = str(exc)
     if isinstance(exc, CheckpointError):
         return exc
-    match = re.search(r"needs the class [\w.]+, which torchbay will not unpickle[^\n']*", text)
+    match = re.search(r"\S+ needs the class [\w.]+, which torchbay will not unpickle: .*?allow_unsafe_pickle: true", text)
     if match:
-        return CheckpointError(f"DCP checkpoint {path} {match.group(0)}")
+        return CheckpointError(f"DCP checkpoint {path}: {match.group(0)}")
     return CheckpointError(f"DCP checkpoint {path} could not be loaded ({type(exc).__name__}: {text[:2000]})")
 
 
@@ -171,7 +184,7 @@ def dcp_load(state: dict, path: Path | str, *, trusted: bool = False, process_gr
         dcp.load(state, storage_reader=reader, planner=planner, process_group=process_group)
     except CheckpointError:
         raise
-    except Exception as exc:
+    except (Exception, _dcp_exception()) as exc:  # DCP's own exception is a BaseException
         raise _dcp_error(path, exc) from exc
     return state
 
@@ -189,6 +202,6 @@ def dcp_load_full(path: Path | str, *, trusted: bool = False) -> dict:
         _load_state_dict(state, storage_reader=reader, planner=planner, no_dist=True)
     except CheckpointError:
         raise
-    except Exception as exc:
+    except (Exception, _dcp_exception()) as exc:
         raise _dcp_error(path, exc) from exc
     return state

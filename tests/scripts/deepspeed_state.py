@@ -94,7 +94,8 @@ if args.resume_elsewhere:
     out["student_vs_saved"] = max((got[k] - expected[k]).abs().max().item() for k in expected)
     out["world_size"] = acc.num_processes
     out["losses"] = [step(acc, student, teacher, opt, x, y) for _, (x, y) in zip(range(2), loader)]
-    out["universal_files"] = sorted(os.listdir(os.path.join(CKPT, "deepspeed_model_0", "universal")))[:3]
+    out["engine_dir_after_load"] = sorted(os.listdir(os.path.join(CKPT, "deepspeed_model_0")))
+    out["beside_checkpoint"] = sorted(os.listdir(os.path.dirname(CKPT)))
     acc.end_training()
     with open(os.path.join(args.out, f"result_universal_zero{args.stage}.json"), "w") as f:
         import json

@@ -413,24 +413,30 @@ class DeepSpeedStrategy(Strategy):
 
     def save_checkpoint(self, directory: Path, models: list, optimizers: list, io) -> list[str]:
         """Every rank writes its part of each engine's DeepSpeed checkpoint to ``deepspeed_model_<i>``."""
+        written: list[str] = []
+        engine_dirs = []
         for i, model in enumerate(models):
             rec = self._record(model)
             if not rec.trains:  # a frozen model (or one never given an optimizer): its full weights
                 state = self.model_state_dict(model)
                 if self.rank == 0:
-                    io.save_state_dict(state, directory, f"model_{i}")
+                    written += io.save_state_dict(state, directory, f"model_{i}")
                 continue
             rec.engine.save_checkpoint(str(directory / f"deepspeed_model_{i}"), tag=CHECKPOINT_TAG,
                                        client_state={"torchbay_model_index": i}, save_latest=False)
-        self.barrier()
+            engine_dirs.append(directory / f"deepspeed_model_{i}")
+        self.barrier()  # every rank's DeepSpeed files are written; rank 0 lists them all
         if self.rank != 0:
-            return []
-        return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()
-                      and p.name != "torchbay_manifest.json")
+            return written
+        return written + sorted(str(p.relative_to(directory)) for d in engine_dirs for p in d.rglob("*")
+                                if p.is_file())
 
     def load_checkpoint(self, directory: Path, models: list, optimizers: list, io) -> None:
-        manifest_path = directory / "torchbay_manifest.json"
-        saved_world = json.loads(manifest_path.read_text()).get("world_size") if manifest_path.exists() else None
+        from torchbay.checkpoint_dir import read_manifest
+
+        from torchbay_deepspeed.safe_checkpoint import install_safe_loader
+
+        saved_world = read_manifest(directory).get("world_size")
         for i, model in enumerate(models):
             rec = self._record(model)
             sub = directory / f"deepspeed_model_{i}"
@@ -440,46 +446,65 @@ class DeepSpeedStrategy(Strategy):
             if not (sub / CHECKPOINT_TAG).is_dir():
                 raise CheckpointError(f"model {i}: {sub / CHECKPOINT_TAG} is missing; was the checkpoint written "
                                       f"with strategy deepspeed?")
-            tag = CHECKPOINT_TAG
-            if self.section.load_universal:
-                tag = "universal"
-                self._convert_to_universal(sub)
-            elif saved_world is not None and saved_world != self.world_size:
+            if not self.section.load_universal and saved_world is not None and saved_world != self.world_size:
                 raise CheckpointError(
                     f"{directory} was written by {saved_world} processes and this run has {self.world_size}: "
                     f"DeepSpeed cannot re-partition its ZeRO state by itself. Set deepspeed.load_universal: true "
-                    f"to convert it to DeepSpeed's universal checkpoint (written next to it, once) and load that; "
-                    f"by hand: python -m deepspeed.checkpoint.ds_to_universal --input_folder "
-                    f"{sub / CHECKPOINT_TAG} --output_folder {sub / 'universal'}")
-            try:
-                path, _ = rec.engine.load_checkpoint(str(sub), tag=tag, load_module_strict=True,
-                                                     load_optimizer_states=rec.engine.optimizer is not None,
-                                                     load_lr_scheduler_states=True)
-            except Exception as exc:
-                raise CheckpointError(f"model {i}: DeepSpeed could not load {sub / tag}: "
-                                      f"{type(exc).__name__}: {exc}") from exc
+                    f"to convert it to DeepSpeed's universal checkpoint (in a temporary directory next to it) "
+                    f"and load that; by hand: python -m deepspeed.checkpoint.ds_to_universal --input_folder "
+                    f"{sub / CHECKPOINT_TAG} --output_folder OUTPUT")
+            install_safe_loader(rec.engine, io.trusted)
+            with self._universal_copy(sub, io.trusted) if self.section.load_universal else \
+                    contextlib.nullcontext((sub, CHECKPOINT_TAG)) as (load_dir, tag):
+                try:
+                    path, _ = rec.engine.load_checkpoint(str(load_dir), tag=tag, load_module_strict=True,
+                                                         load_optimizer_states=rec.engine.optimizer is not None,
+                                                         load_lr_scheduler_states=True)
+                except CheckpointError:
+                    raise
+                except Exception as exc:
+                    raise CheckpointError(f"model {i}: DeepSpeed could not load {sub}: "
+                                          f"{type(exc).__name__}: {exc}") from exc
             if path is None:
-                raise CheckpointError(f"model {i}: DeepSpeed found no checkpoint in {sub / tag}")
+                raise CheckpointError(f"model {i}: DeepSpeed found no checkpoint in {sub / CHECKPOINT_TAG}")
 
-    def _convert_to_universal(self, sub: Path) -> None:
-        """Convert ``sub/ds`` to DeepSpeed's universal format in ``sub/universal`` (rank 0, once)."""
+    @contextlib.contextmanager
+    def _universal_copy(self, sub: Path, trusted: bool):
+        """DeepSpeed's universal form of ``sub/ds`` in a temporary directory (rank 0 converts, all load).
+
+        Written beside the checkpoint (every node sees it), never inside it, and removed after loading.
+        """
+        import shutil
         import subprocess
         import sys
+        import tempfile
 
-        target = sub / "universal"
-        error = ""
-        if self.rank == 0 and not target.is_dir():
-            cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
-                   str(sub / CHECKPOINT_TAG), "--output_folder", str(target), "--num_extract_workers", "1",
-                   "--num_merge_workers", "1"]
-            env = {**os.environ, **ds_accelerator_env(self.device_backend.torch_type())}
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            if proc.returncode != 0:
-                error = (f"converting {sub / CHECKPOINT_TAG} to a universal checkpoint failed "
-                         f"({' '.join(cmd)}):\n{(proc.stdout + proc.stderr)[-3000:]}")
-        error = self.broadcast_object(error)
-        if error:
-            raise CheckpointError(error)
+        from torchbay_deepspeed.safe_checkpoint import check_every_file
+
+        workdir, error = "", ""
+        if self.rank == 0:
+            try:
+                check_every_file(sub / CHECKPOINT_TAG, trusted)  # the converter unpickles freely
+                workdir = tempfile.mkdtemp(prefix=f".{sub.parent.name}.universal-", dir=sub.parent.parent)
+                cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                       str(sub / CHECKPOINT_TAG), "--output_folder", str(Path(workdir) / "universal"),
+                       "--num_extract_workers", "1", "--num_merge_workers", "1"]
+                env = {**os.environ, **ds_accelerator_env(self.device_backend.torch_type())}
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                if proc.returncode != 0:
+                    error = (f"converting {sub / CHECKPOINT_TAG} to a universal checkpoint failed "
+                             f"({' '.join(cmd)}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+            except Exception as exc:
+                error = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
+        workdir, error = self.broadcast_object((workdir, error))
+        try:
+            if error:
+                raise CheckpointError(error)
+            yield Path(workdir), "universal"
+        finally:
+            self.barrier()
+            if self.rank == 0 and workdir:
+                shutil.rmtree(workdir, ignore_errors=True)  # made by mkdtemp above: torchbay's own
 
     def _load_full_weights(self, rec: EngineRecord, state: dict, index: int) -> None:
         if not self._zero3(rec):
