@@ -81,13 +81,33 @@ def count_module(spec: str) -> dict[str, int]:
     if not isinstance(obj, torch.nn.Module):
         if not callable(obj):
             raise _error(f"'{spec}' is neither an nn.Module nor a callable returning one")
-        with torch.device("meta"):
-            obj = obj()
+        _refuse_arguments(spec, obj)
+        try:
+            with torch.device("meta"):
+                obj = obj()
+        except Exception as exc:
+            raise _error(f"calling '{spec}' raised {type(exc).__name__}: {exc}; give a factory that builds the "
+                         f"model without arguments") from None
         if not isinstance(obj, torch.nn.Module):
             raise _error(f"'{spec}' returned {type(obj).__name__}, not an nn.Module")
     params = list(obj.parameters())
     return {"parameters": sum(p.numel() for p in params),
             "trainable": sum(p.numel() for p in params if p.requires_grad)}
+
+
+def _refuse_arguments(spec: str, factory) -> None:
+    """A factory with required parameters cannot be called here: say which, and what to give instead."""
+    import inspect
+
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return
+    required = [p.name for p in params if p.default is p.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if required:
+        raise _error(f"'{spec}' needs arguments ({', '.join(required)}); estimate-memory calls it without any: give "
+                     f"a function that takes none, e.g. def build(): return {spec.rpartition(':')[2]}(...)")
 
 
 def estimate(counts: dict[str, int], resolved, pm, world_size: int) -> list[dict[str, Any]]:
