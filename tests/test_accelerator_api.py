@@ -20,7 +20,11 @@ def make(**kwargs):
 def test_bf16_autocasts_the_prepared_forward():
     acc, model, opt = make(mixed_precision="bf16")
     model = acc.prepare(model)
-    assert model(torch.randn(2, 8)).dtype == torch.bfloat16
+    x = torch.randn(2, 8)
+    out = model(x)  # computed in bf16, returned as fp32 (Accelerate's convert_outputs_to_fp32)
+    assert out.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(out, acc.unwrap_model(model)._torchbay_original_forward(x).float())
     plain = acc.unwrap_model(model, keep_fp32_wrapper=False)
     assert plain(torch.randn(2, 8)).dtype == torch.float32
     with acc.autocast():
@@ -121,7 +125,7 @@ def test_helpers(capsys):
     with acc.split_between_processes({"a": [1, 2, 3]}) as part:
         assert part == {"a": [1, 2, 3]}
     assert acc.is_main_process and acc.is_local_main_process and acc.num_processes == 1
-    assert acc.device == torch.device("cpu") and acc.distributed_type == "single"
+    assert acc.device == torch.device("cpu") and acc.distributed_type == "NO" and acc.strategy.name == "single"
     bar = tqdm(range(3))
     assert list(bar) == [0, 1, 2]
 

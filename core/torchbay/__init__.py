@@ -20,9 +20,14 @@ _EXPORTS = {
     "torchbay.device": ["DeviceBackend"],
     "torchbay.errors": ["CheckpointError", "ConfigError", "IncompatibleSetupError", "LaunchError", "PluginError",
                         "TorchbayError"],
-    "torchbay.kwargs": ["AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs",
-                        "GradientAccumulationPlugin", "GradScalerKwargs", "InitProcessGroupKwargs",
-                        "ProjectConfiguration"],
+    "torchbay.kwargs": ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
+                        "DistributedDataParallelKwargs", "GradientAccumulationPlugin", "GradScalerKwargs",
+                        "InitProcessGroupKwargs", "ProfileKwargs", "ProjectConfiguration"],
+    "torchbay.data": ["prepare_data_loader", "skip_first_batches"],
+    "torchbay.helpers": ["find_executable_batch_size"],
+    "torchbay.launchers": ["debug_launcher", "notebook_launcher"],
+    "torchbay.state": ["AcceleratorState", "DistributedType", "PartialState"],
+    "torchbay.wrappers": ["GradientState"],
     "torchbay.plugins": ["PluginManager", "get_plugin_manager", "hookimpl"],
     "torchbay.precision": ["Precision"],
     "torchbay.strategy": ["Strategy"],
@@ -34,7 +39,13 @@ __all__ = sorted(_WHERE)
 
 def __getattr__(name):
     if name not in _WHERE:
-        raise AttributeError(f"module 'torchbay' has no attribute {name!r}")
+        if name.startswith("_") or name[:1].islower() and not name.startswith(("is_", "check_")):
+            raise AttributeError(f"module 'torchbay' has no attribute {name!r}")  # (submodules import as usual)
+        compat_names = importlib.import_module("torchbay.compat_names")  # Accelerate names: plugins or refusals
+        value = compat_names.resolve(name)
+        if value is compat_names.MISSING:
+            raise AttributeError(f"module 'torchbay' has no attribute {name!r}")
+        return value
     value = getattr(importlib.import_module(_WHERE[name]), name)
     globals()[name] = value
     return value

@@ -9,24 +9,28 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copyreg
 import functools
 import gc
 import weakref
 from typing import Any, Iterable
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from torchbay import operations
+from torchbay.accelerator_process import ProcessControl
 from torchbay.checkpointing import StateCheckpointer
 from torchbay.config import ResolvedConfig, resolve_config
-from torchbay.data import PreparedDataLoader, SkipFirstBatches
+from torchbay.data import DataLoaderDispatcher, DataLoaderShard, LoaderSettings, PreparedDataLoader, SkipFirstBatches
 from torchbay.errors import ConfigError, TorchbayError
 from torchbay.kwargs import (AutocastKwargs, DataLoaderConfiguration, DistributedDataParallelKwargs,
-                             GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs,
+                             GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
                              ProjectConfiguration)
 from torchbay.plugins import get_plugin_manager
 from torchbay.selection import build_context
+from torchbay.state import AcceleratorState, DistributedType, PartialState, distributed_type_for, \
+    register_process_group_owner
 from torchbay.utils import set_seed
 from torchbay.wrappers import GradientState, PreparedOptimizer, PreparedScheduler
 
@@ -35,7 +39,7 @@ def _explicit_args(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-class Accelerator:
+class Accelerator(ProcessControl):
     """Runs your own training loop on the configured device, strategy and precision.
 
     Arguments left as ``None`` come from the config sources (defaults < YAML file <
@@ -54,7 +58,9 @@ class Accelerator:
         if log_with not in (None, [], ()):
             raise ConfigError("log_with: experiment trackers are not part of torchbay yet; log from "
                               "accelerator.is_main_process with your tracker's own API")
+        sync_each_batch = False
         if gradient_accumulation_plugin is not None:
+            sync_each_batch = gradient_accumulation_plugin.sync_each_batch
             if not gradient_accumulation_plugin.sync_with_dataloader:
                 raise ConfigError("gradient_accumulation_plugin.sync_with_dataloader=False is not supported: "
                                   "torchbay always syncs gradients on the last batch of a data loader")
@@ -82,6 +88,7 @@ class Accelerator:
 
         self.pm = get_plugin_manager()
         resolved = config if isinstance(config, ResolvedConfig) else resolve_config(file=config_file, args=args, pm=self.pm)
+        _make_picklable(self.pm, resolved.config)
         self.context = build_context(resolved, self.pm)
         self.context.accelerator = self
         self.context.extras["kwargs_handlers"] = self.handlers
@@ -93,6 +100,7 @@ class Accelerator:
         self.strategy = self.context.strategy_cls(self.context)
         self.context.strategy = self.strategy
         self.strategy.setup_environment(timeout_s=self.config.process_group_timeout_s)
+        register_process_group_owner(self.strategy)
         _live.add(self)
         self.precision = self.strategy.adapt_precision(self.context.precision_cls(self.context))
         self.context.precision = self.precision
@@ -104,7 +112,9 @@ class Accelerator:
         after = self.pm.hook.torchbay_after_optimizer_step
         self._after_step_hook = after if after.get_hookimpls() else None  # no per-step dispatch when unused
 
-        self.gradient_state = GradientState(self.config.gradient_accumulation_steps)
+        self.gradient_state = GradientState(self.config.gradient_accumulation_steps, sync_each_batch=sync_each_batch)
+        self._distributed_type = distributed_type_for(self.strategy, self.device_backend)
+        self._adopt_state()
         self.save_iteration = self.config.project.iteration
         self._models: list[Any] = []
         self._optimizers: list[PreparedOptimizer] = []
@@ -116,9 +126,19 @@ class Accelerator:
         if self.config.seed is not None:
             set_seed(self.config.seed)
 
+    def _adopt_state(self) -> None:
+        """Make the process-wide ``AcceleratorState`` describe this accelerator (the latest one wins)."""
+        PartialState._adopt(PartialState.__new__(PartialState), self.strategy, cpu=self.device_backend.name == "cpu",
+                            mixed_precision=self.config.mixed_precision)
+        PartialState._shared_state["distributed_type"] = self._distributed_type
+        PartialState._shared_state["_gradient_state"] = self.gradient_state
+        self.state = AcceleratorState.__new__(AcceleratorState)
+        self.state.__dict__ = PartialState._shared_state
+
     @staticmethod
     def _sort_handlers(handlers: Iterable[Any]) -> dict[type, Any]:
-        known = (AutocastKwargs, GradScalerKwargs, DistributedDataParallelKwargs, InitProcessGroupKwargs)
+        known = (AutocastKwargs, GradScalerKwargs, DistributedDataParallelKwargs, InitProcessGroupKwargs,
+                 ProfileKwargs)
         out: dict[type, Any] = {}
         for handler in handlers:
             kind = next((k for k in known if isinstance(handler, k)), type(handler))
@@ -133,32 +153,19 @@ class Accelerator:
         return self.device_backend.device
 
     @property
-    def process_index(self) -> int:
-        return self.strategy.rank
+    def distributed_type(self) -> DistributedType:
+        """Accelerate's kind of run (``DistributedType.MULTI_CPU``...); ``strategy.name`` is torchbay's."""
+        return self._distributed_type
 
     @property
-    def local_process_index(self) -> int:
-        return self.strategy.local_rank
+    def dataloader_config(self) -> DataLoaderConfiguration:
+        """The ``dataloader`` settings as Accelerate's object; assigning one changes later ``prepare`` calls."""
+        return DataLoaderConfiguration(**self.config.dataloader.model_dump())
 
-    @property
-    def num_processes(self) -> int:
-        return self.strategy.world_size
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.process_index == 0
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.local_process_index == 0
-
-    @property
-    def distributed_type(self) -> str:
-        return self.strategy.name
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.num_processes > 1
+    @dataloader_config.setter
+    def dataloader_config(self, value: DataLoaderConfiguration) -> None:
+        for key, item in value.to_config().items():
+            setattr(self.config.dataloader, key, item)
 
     @property
     def mixed_precision(self) -> str:
@@ -187,6 +194,7 @@ class Accelerator:
     # -- prepare -----------------------------------------------------------------------
     def prepare(self, *objects: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, schedulers and data loaders (any order, any number of calls)."""
+        self.state.distributed_type  # noqa: B018 (raises StateResetError after AcceleratorState._reset_state())
         objects = [self.precision.convert_module(o) if isinstance(o, torch.nn.Module) else o for o in objects]
         for replaced in self.pm.hook.torchbay_prepare(context=self.context, objects=objects):
             if replaced is not None:
@@ -232,6 +240,9 @@ class Accelerator:
         return [o for o in self._optimizers if o.optimizer is target or o is target] or list(self._optimizers)
 
     def _wrap_forward(self, model: Any) -> Any:
+        """Run the forward in the precision's context; half-precision outputs come back as fp32
+        (as Accelerate's ``convert_outputs_to_fp32``), so a loss computed outside the model runs
+        in fp32, as it would inside a raw ``torch.autocast`` block."""
         inner = self.strategy.unwrap_model(model)
         if self.precision.wraps_forward and not hasattr(inner, "_torchbay_original_forward"):
             original = inner.forward
@@ -243,7 +254,7 @@ class Accelerator:
                     return original(*args, **kwargs)
 
             inner._torchbay_original_forward = original
-            inner.forward = forward
+            inner.forward = operations.convert_outputs_to_fp32(forward) if precision.fp32_outputs else forward
         return model
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None) -> Any:
@@ -255,14 +266,29 @@ class Accelerator:
     def prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
         return self.prepare(scheduler)
 
-    def prepare_data_loader(self, dataloader: DataLoader) -> PreparedDataLoader:
+    def prepare_data_loader(self, dataloader: DataLoader, device_placement: bool | None = None,
+                            slice_fn_for_dispatch: Any = None) -> PreparedDataLoader:
+        if slice_fn_for_dispatch is not None:
+            raise ConfigError("prepare_data_loader(slice_fn_for_dispatch=...) is not supported: dispatched batches "
+                              "are sliced along dim 0 of every tensor")
         cfg = self.config.dataloader
         seed = cfg.data_seed if cfg.data_seed is not None else self.strategy.broadcast_object(torch.initial_seed() % 2**62)
-        loader = PreparedDataLoader(dataloader, accelerator=self, seed=seed)
+        placement = self.config.device_placement if device_placement is None else device_placement
+        dispatch = cfg.dispatch_batches
+        if dispatch is None:  # Accelerate's default: the main process reads iterable datasets
+            dispatch = placement and isinstance(dataloader.dataset, IterableDataset)
+        settings = LoaderSettings(num_processes=self.num_processes, process_index=self.process_index,
+                                  device=self.device if placement else None, split_batches=cfg.split_batches,
+                                  even_batches=cfg.even_batches, dispatch_batches=dispatch,
+                                  use_seedable_sampler=cfg.use_seedable_sampler, non_blocking=cfg.non_blocking)
+        cls = DataLoaderDispatcher if dispatch else DataLoaderShard
+        loader = cls(dataloader, settings=settings, seed=seed, strategy=self.strategy,
+                     gradient_state=self.gradient_state, device_backend=self.device_backend)
         self._dataloaders.append(loader)
         return loader
 
-    def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
+    def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> torch.nn.Module:
+        """The user's module; ``keep_fp32_wrapper=False`` also removes the mixed-precision forward."""
         inner = self.strategy.unwrap_model(model)
         if not keep_fp32_wrapper and hasattr(inner, "_torchbay_original_forward"):
             inner.forward = inner._torchbay_original_forward
@@ -280,7 +306,7 @@ class Accelerator:
         """Accumulate gradients locally until the last micro-batch of the window, then sync."""
         sync = self.gradient_state.advance()
         with contextlib.ExitStack() as stack:
-            if not sync:
+            if not sync and not self.gradient_state.sync_each_batch:
                 for model in models:
                     stack.enter_context(self.strategy.no_sync(model))
             yield
@@ -310,74 +336,6 @@ class Accelerator:
     def clip_grad_value_(self, parameters, clip_value: float) -> None:
         self.unscale_gradients()
         self.strategy.clip_grad_value_(parameters, clip_value)
-
-    # -- collectives -------------------------------------------------------------------
-    def gather(self, tensor: Any) -> Any:
-        return operations.gather(self.strategy, tensor)
-
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gather, dropping the samples repeated to even out the last round of batches."""
-        is_tensorish = not use_gather_object and _contains_tensor(input_data)
-        if is_tensorish:
-            data = self.gather(input_data)
-        else:
-            data = [x for part in self.strategy.all_gather_object(input_data) for x in
-                    (part if isinstance(part, list) else [part])]
-        remainder = self.gradient_state.remainder
-        if self.gradient_state.end_of_dataloader and remainder >= 0:
-            return operations.truncate(data, remainder) if is_tensorish else data[:remainder]
-        return data
-
-    def reduce(self, tensor: Any, reduction: str = "sum") -> Any:
-        return operations.reduce(self.strategy, tensor, reduction)
-
-    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        return operations.pad_across_processes(self.strategy, tensor, dim, pad_index, pad_first)
-
-    def wait_for_everyone(self) -> None:
-        self.strategy.barrier()
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        if self.is_local_main_process:
-            print(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def main_process_first(self):
-        yield from self._first(self.is_main_process)
-
-    @contextlib.contextmanager
-    def local_main_process_first(self):
-        yield from self._first(self.is_local_main_process)
-
-    def _first(self, is_first: bool):
-        if not is_first:
-            self.wait_for_everyone()
-        yield
-        if is_first:
-            self.wait_for_everyone()
-
-    def on_main_process(self, fn):
-        return self.on_process(fn, process_index=0)
-
-    def on_local_main_process(self, fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            return fn(*args, **kwargs) if self.is_local_main_process else None
-        return wrapper
-
-    def on_process(self, fn=None, process_index: int = 0):
-        if fn is None:
-            return functools.partial(self.on_process, process_index=process_index)
-
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            return fn(*args, **kwargs) if self.process_index == process_index else None
-        return wrapper
-
-    @contextlib.contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
-        """Give each process its contiguous share of a list, tuple, dict of lists or tensor."""
-        yield _split(inputs, self.num_processes, self.process_index, apply_padding)
 
     # -- state ---------------------------------------------------------------------------
     def register_for_checkpointing(self, *objects: Any) -> None:
@@ -445,28 +403,17 @@ class Accelerator:
         _live.discard(self)
 
 
-def _contains_tensor(data: Any) -> bool:
-    if isinstance(data, torch.Tensor):
-        return True
-    if isinstance(data, dict):
-        return any(_contains_tensor(v) for v in data.values())
-    if isinstance(data, (list, tuple)):
-        return bool(data) and all(_contains_tensor(v) for v in data)
-    return False
+def _make_picklable(pm: Any, config: Any) -> None:
+    """An Accelerator pickles (as Accelerate's does): its plugin manager by reference to this
+    process's, its config (a class built at run time) by value."""
+    copyreg.pickle(type(pm), lambda _: (get_plugin_manager, ()))
+    copyreg.pickle(type(config), lambda c: (_rebuild_config, (c.model_dump(),)))
 
 
-def _split(inputs: Any, num: int, index: int, pad: bool) -> Any:
-    if isinstance(inputs, dict):
-        return {k: _split(v, num, index, pad) for k, v in inputs.items()}
-    length = len(inputs)
-    per, extra = divmod(length, num)
-    start = index * per + min(index, extra)
-    end = start + per + (1 if index < extra else 0)
-    part = inputs[start:end]
-    if pad and extra and index >= extra and length:
-        last = inputs[-1:]
-        part = torch.cat([part, last]) if isinstance(part, torch.Tensor) else part + type(inputs)(last)
-    return part
+def _rebuild_config(data: dict[str, Any]) -> Any:
+    from torchbay.config import config_model
+
+    return config_model(get_plugin_manager()).model_validate(data)
 
 
 _live: "weakref.WeakSet[Accelerator]" = weakref.WeakSet()

@@ -74,7 +74,7 @@ class DataLoaderSection(Section):
     split_batches: bool = False
     dispatch_batches: Optional[bool] = None
     even_batches: bool = True
-    use_seedable_sampler: bool = True
+    use_seedable_sampler: bool = False
     data_seed: Optional[int] = None
     non_blocking: bool = False
 
@@ -128,7 +128,9 @@ class CoreConfig(Section):
     step_scheduler_with_optimizer: bool = True
     device_placement: bool = True
     process_group_backend: Optional[str] = None
-    process_group_timeout_s: Optional[float] = Field(None, gt=0)
+    process_group_timeout_s: Optional[float] = Field(
+        600.0, gt=0, description="seconds a collective waits for every rank before it fails (and torchbay launch "
+                                 "reports where each rank was); null: torch's own default (30 min)")
     fp8: FP8Config = Field(default_factory=FP8Config)
     dataloader: DataLoaderSection = Field(default_factory=DataLoaderSection)
     project: ProjectSection = Field(default_factory=ProjectSection)

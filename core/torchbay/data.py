@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -19,19 +20,36 @@ from torchbay.errors import ConfigError
 
 
 class SeedableRandomSampler(RandomSampler):
-    """A ``RandomSampler`` whose order depends only on ``seed`` and ``epoch``."""
+    """A ``RandomSampler`` whose order depends only on its seed and epoch (Accelerate's name and signature).
 
-    def __init__(self, data_source, *, seed: int, replacement: bool = False, num_samples: int | None = None):
-        super().__init__(data_source, replacement=replacement, num_samples=num_samples)
-        self.seed = seed
+    The seed is ``data_seed`` (or torchbay's ``seed=``) when given, else ``torch.initial_seed()``
+    when created; each full pass moves to the next epoch, as Accelerate's does.
+    """
+
+    def __init__(self, data_source=None, replacement: bool = False, num_samples: int | None = None,
+                 generator: torch.Generator | None = None, *, data_seed: int | None = None, seed: int | None = None):
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
+        chosen = seed if seed is not None else data_seed
+        self.initial_seed = int(chosen) if chosen is not None else torch.initial_seed()
         self.epoch = 0
+
+    @property
+    def seed(self) -> int:
+        return self.initial_seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self.initial_seed = int(value)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self):
-        self.generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed(self.initial_seed + self.epoch)
         yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)
 
 
 class ShardedBatchSampler:
@@ -54,6 +72,7 @@ class ShardedBatchSampler:
         self.batch_size = getattr(batch_sampler, "batch_size", None)
         self.drop_last = getattr(batch_sampler, "drop_last", False)
         self.skip = 0
+        self.on_start = None  # called where the wrapped sampler starts drawing (the loader's RNG bookkeeping)
         self.last_real_samples: int | None = None
         if split_batches and self.batch_size and self.batch_size % num_processes:
             raise ConfigError(f"dataloader.split_batches needs the batch size ({self.batch_size}) to be a "
@@ -74,6 +93,8 @@ class ShardedBatchSampler:
 
     def __iter__(self) -> Iterator[list[int]]:
         skip, self.skip = self.skip, 0
+        if self.on_start is not None:
+            self.on_start()
         for i, batch in enumerate(self._batches()):
             if i >= skip:
                 yield batch
@@ -173,54 +194,117 @@ _LOADER_ARGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_in
                 "multiprocessing_context", "prefetch_factor", "persistent_workers", "pin_memory_device")
 
 
+@dataclass
+class LoaderSettings:
+    """How a prepared loader shards and places batches (the ``dataloader`` config section, per loader)."""
+
+    num_processes: int = 1
+    process_index: int = 0
+    device: Any = None  # None: batches stay where the loader puts them
+    split_batches: bool = False
+    even_batches: bool = True
+    dispatch_batches: bool | None = None
+    use_seedable_sampler: bool = False
+    non_blocking: bool = False
+
+
 class PreparedDataLoader:
     """What ``Accelerator.prepare`` returns for a ``DataLoader``.
 
-    Iterating it starts a new epoch (reseeding a shuffled sampler with ``seed + epoch``),
-    moves batches to the device, and tells the accelerator when the last batch comes.
+    Iterating it starts a new epoch, moves batches to the device, and tells the gradient
+    state when the last batch comes. Shuffling is the user's: the loader's generator and
+    sampler are kept, so one process serves exactly what the unprepared loader would; with
+    several processes the sampler's generator is made common to all (seeded from ``seed``
+    when it had none, then synchronised from process 0 each epoch). The generator state at
+    the start of an epoch is saved, so a resumed run serves the same batches.
+    ``use_seedable_sampler`` replaces a ``RandomSampler`` by a :class:`SeedableRandomSampler`
+    (order from ``seed + epoch``).
     """
 
-    def __init__(self, dataloader: DataLoader, *, accelerator, seed: int):
+    def __init__(self, dataloader: DataLoader, *, settings: LoaderSettings, seed: int, strategy, gradient_state,
+                 device_backend=None):
         self.original = dataloader
-        self.accelerator = accelerator
-        cfg = accelerator.config.dataloader
-        num, index = accelerator.num_processes, accelerator.process_index
+        self.settings = settings
+        self.strategy = strategy
+        self.gradient_state = gradient_state
+        num, index = settings.num_processes, settings.process_index
         self.seed = seed
         self.epoch = 0  # the epoch the next iteration serves
         self.batches_yielded = 0
         self.in_epoch = False
-        self.device = accelerator.device if accelerator.config.device_placement else None
-        self.non_blocking = cfg.non_blocking
+        self.device = settings.device
+        self.non_blocking = settings.non_blocking
         self.batch_sampler: ShardedBatchSampler | None = None
+        self._end_of_dataloader, self._remainder = False, -1  # read through the gradient state
+        self._epoch_start: dict[str, Any] | None = None  # sampler RNG at the start of the current epoch
+        self._resume_from: dict[str, Any] | None = None
         kwargs = {k: getattr(dataloader, k) for k in _LOADER_ARGS if hasattr(dataloader, k)}
         if dataloader.num_workers == 0:
             kwargs.pop("prefetch_factor", None)
             kwargs.pop("persistent_workers", None)
-        # iterators draw worker seeds from this, not from the global RNG the user's loop relies on
-        kwargs["generator"] = self.generator = torch.Generator().manual_seed(seed)
+        kwargs["generator"] = dataloader.generator  # base seeds drawn as the unprepared loader draws them
         dataset = dataloader.dataset
         self.dispatcher: BatchDispatcher | None = None
-        if cfg.dispatch_batches and num > 1:
-            self.dispatcher = BatchDispatcher(dataloader, accelerator, kwargs, seed)
+        dispatch = settings.dispatch_batches
+        if dispatch and num > 1:
+            kwargs["generator"] = torch.Generator().manual_seed(seed)
+            self.dispatcher = BatchDispatcher(dataloader, settings, strategy, kwargs, seed)
             self.sampler, self.loader = self.dispatcher.sampler, self.dispatcher
         elif isinstance(dataset, IterableDataset):
             batch_size = dataloader.batch_size
             if num > 1:
-                dataset = IterableShard(dataset, batch_size, num, index, cfg.split_batches)
-                batch_size = batch_size // num if cfg.split_batches else batch_size
+                dataset = IterableShard(dataset, batch_size, num, index, settings.split_batches)
+                batch_size = batch_size // num if settings.split_batches else batch_size
             self.sampler = dataset
             self.loader = DataLoader(dataset, batch_size=batch_size, drop_last=dataloader.drop_last, **kwargs)
         else:
-            inner = dataloader.batch_sampler
+            sampler_is_batch_sampler = dataloader.batch_size is None and isinstance(dataloader.sampler, BatchSampler)
+            if dataloader.batch_sampler is None and not sampler_is_batch_sampler:
+                raise ConfigError("a DataLoader with batch_size=None can be prepared when its sampler is a "
+                                  "BatchSampler (DataLoader(ds, sampler=BatchSampler(...), batch_size=None)); give "
+                                  "the DataLoader a batch_size or a batch_sampler")
+            inner = dataloader.sampler if sampler_is_batch_sampler else dataloader.batch_sampler
             sampler = inner.sampler if hasattr(inner, "sampler") else dataloader.sampler
-            if cfg.use_seedable_sampler and isinstance(sampler, RandomSampler) and not isinstance(sampler, SeedableRandomSampler):
-                sampler = SeedableRandomSampler(sampler.data_source, seed=seed, replacement=sampler.replacement,
-                                                num_samples=sampler._num_samples)
+            if (settings.use_seedable_sampler and isinstance(sampler, RandomSampler)
+                    and not isinstance(sampler, SeedableRandomSampler)):
+                sampler = SeedableRandomSampler(sampler.data_source, replacement=sampler.replacement,
+                                                num_samples=sampler._num_samples, seed=seed)
                 inner = BatchSampler(sampler, inner.batch_size, inner.drop_last)
+            elif num > 1 and isinstance(sampler, RandomSampler) and sampler.generator is None:
+                sampler.generator = torch.Generator().manual_seed(seed)  # every process shuffles alike
             self.sampler = sampler
-            self.batch_sampler = ShardedBatchSampler(inner, num, index, cfg.split_batches, cfg.even_batches)
-            self.loader = DataLoader(dataset, batch_sampler=self.batch_sampler, **kwargs)
-        self.loader = accelerator.device_backend.wrap_dataloader(self.loader)
+            self.batch_sampler = ShardedBatchSampler(inner, num, index, settings.split_batches, settings.even_batches)
+            self.batch_sampler.on_start = self._start_sampling
+            if sampler_is_batch_sampler:
+                self.loader = DataLoader(dataset, sampler=self.batch_sampler, batch_size=None, **kwargs)
+            else:
+                self.loader = DataLoader(dataset, batch_sampler=self.batch_sampler, **kwargs)
+        if device_backend is not None:
+            self.loader = device_backend.wrap_dataloader(self.loader)
+
+    def _start_sampling(self) -> None:
+        """Runs where the unprepared sampler would draw its order: record (or, resuming, restore) its RNG."""
+        sampler = self.sampler
+        if isinstance(sampler, SeedableRandomSampler) or not isinstance(sampler, RandomSampler):
+            return
+        resume, self._resume_from = self._resume_from, None
+        if sampler.generator is None:  # one process, no generator: draw the seed RandomSampler would draw
+            seed = resume["sampler_seed"] if resume and "sampler_seed" in resume else \
+                int(torch.empty((), dtype=torch.int64).random_().item())
+            self._epoch_start = {"sampler_seed": seed}
+            self._drawn_generator = torch.Generator().manual_seed(seed)
+            sampler.generator = self._drawn_generator
+            return
+        if resume and "sampler_rng" in resume:
+            sampler.generator.set_state(resume["sampler_rng"])
+        elif self.settings.num_processes > 1:
+            sampler.generator.set_state(self.strategy.broadcast_object(sampler.generator.get_state()))
+        self._epoch_start = {"sampler_rng": sampler.generator.get_state()}
+
+    def _end_sampling(self) -> None:
+        if getattr(self, "_drawn_generator", None) is not None and self.sampler.generator is self._drawn_generator:
+            self.sampler.generator = None  # draw from the global RNG again next epoch, as unprepared
+        self._drawn_generator = None
 
     @property
     def dataset(self):
@@ -235,10 +319,9 @@ class PreparedDataLoader:
         if self.dispatcher is not None:
             return self.dispatcher.global_batch_size
         if self.batch_sampler is None:
-            return self.original.batch_size * (1 if self.accelerator.config.dataloader.split_batches
-                                               else self.accelerator.num_processes)
+            return self.original.batch_size * (1 if self.settings.split_batches else self.settings.num_processes)
         per = self.batch_sampler.per_process_batch_size
-        return per * self.accelerator.num_processes
+        return per * self.settings.num_processes
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -251,13 +334,12 @@ class PreparedDataLoader:
         return self._iterate(skip=0)
 
     def _iterate(self, skip: int):
-        self.generator.manual_seed(self.seed + self.epoch)
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(self.epoch)
         if self.batch_sampler is not None:
             self.batch_sampler.skip = skip
         self.batches_yielded, self.in_epoch = skip, True
-        state = self.accelerator.gradient_state
+        state = self.gradient_state
         state.begin_dataloader(self)
         try:
             iterator = iter(self.loader)
@@ -265,18 +347,20 @@ class PreparedDataLoader:
             while current is not _END:
                 upcoming = next(iterator, _END)
                 if upcoming is _END:
-                    state.end_of_dataloader = True
-                    state.remainder = self._remainder()
+                    self._end_of_dataloader = True
+                    self._remainder = self._remainder_now()
                 self.batches_yielded += 1
                 yield current if self.device is None else move_to_device(current, self.device, self.non_blocking)
                 current = upcoming
             self.epoch += 1
             self.in_epoch = False
             self.batches_yielded = 0
+            self._epoch_start = None
         finally:
+            self._end_sampling()
             state.end_dataloader(self)
 
-    def _remainder(self) -> int:
+    def _remainder_now(self) -> int:
         if self.dispatcher is not None:
             return self.dispatcher.last_real_samples
         if self.batch_sampler is None or self.batch_sampler.last_real_samples is None:
@@ -284,27 +368,45 @@ class PreparedDataLoader:
         return self.batch_sampler.last_real_samples
 
     # -- resume -----------------------------------------------------------------------
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batches_yielded": self.batches_yielded if self.in_epoch else 0,
-                "seed": self.seed}
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"epoch": self.epoch, "batches_yielded": self.batches_yielded if self.in_epoch else 0,
+                                 "seed": self.seed}
+        if self.in_epoch and self._epoch_start:
+            state.update(self._epoch_start)
+        elif not self.in_epoch and getattr(self.sampler, "generator", None) is not None and \
+                not isinstance(self.sampler, SeedableRandomSampler):
+            state["sampler_rng"] = self.sampler.generator.get_state()
+        return state
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = int(state["epoch"])
         self.seed = int(state.get("seed", self.seed))
         if isinstance(self.sampler, SeedableRandomSampler):
             self.sampler.seed = self.seed
         self.batches_yielded = int(state.get("batches_yielded", 0))
         self.in_epoch = False
+        rng = {k: state[k] for k in ("sampler_seed", "sampler_rng") if k in state}
+        if self.batches_yielded:
+            self._resume_from = rng  # applied where the sampler draws its order
+        elif "sampler_rng" in rng and getattr(self.sampler, "generator", None) is not None:
+            self.sampler.generator.set_state(rng["sampler_rng"])
+
+
+class DataLoaderShard(PreparedDataLoader):
+    """A prepared loader in which every process reads its own share (Accelerate's class name)."""
+
+
+class DataLoaderDispatcher(PreparedDataLoader):
+    """A prepared loader whose batches the main process reads and sends out (``dispatch_batches``)."""
 
 
 class BatchDispatcher:
     """``dispatch_batches``: the main process loads each global batch and sends every
     process its slice (for datasets that only one process should read)."""
 
-    def __init__(self, dataloader: DataLoader, accelerator, kwargs: dict, seed: int):
-        cfg = accelerator.config.dataloader
-        self.strategy = accelerator.strategy
-        self.num, self.index = accelerator.num_processes, accelerator.process_index
+    def __init__(self, dataloader: DataLoader, cfg: LoaderSettings, strategy, kwargs: dict, seed: int):
+        self.strategy = strategy
+        self.num, self.index = cfg.num_processes, cfg.process_index
         self.even = cfg.even_batches
         per = dataloader.batch_size
         self.global_batch_size = per if cfg.split_batches else per * self.num
@@ -318,8 +420,8 @@ class BatchDispatcher:
         if not isinstance(dataset, IterableDataset):
             sampler = dataloader.sampler
             if cfg.use_seedable_sampler and isinstance(sampler, RandomSampler):
-                sampler = SeedableRandomSampler(sampler.data_source, seed=seed, replacement=sampler.replacement,
-                                                num_samples=sampler._num_samples)
+                sampler = SeedableRandomSampler(sampler.data_source, replacement=sampler.replacement,
+                                                num_samples=sampler._num_samples, seed=seed)
         self.sampler = sampler if sampler is not None else dataset
         self.loader = None
         if self.index == 0:
@@ -404,3 +506,49 @@ class SkipFirstBatches:
 
 
 _END = object()
+
+
+def prepare_data_loader(dataloader: DataLoader, device: Any = None, num_processes: int | None = None,
+                        process_index: int | None = None, split_batches: bool = False, put_on_device: bool = False,
+                        rng_types: Any = None, dispatch_batches: bool | None = None, even_batches: bool = True,
+                        slice_fn_for_dispatch: Any = None, use_seedable_sampler: bool = False,
+                        data_seed: int | None = None, non_blocking: bool = False,
+                        use_stateful_dataloader: bool = False, torch_device_mesh: Any = None) -> PreparedDataLoader:
+    """Accelerate's free function: shard ``dataloader`` for this process without an ``Accelerator``.
+
+    Uses the process state (``PartialState``) for the defaults and the collectives. ``rng_types``
+    is accepted for compatibility: the sampler's generator is always synchronised across processes.
+    """
+    from torchbay.state import PartialState
+    from torchbay.wrappers import GradientState
+
+    refused = {"slice_fn_for_dispatch": slice_fn_for_dispatch, "use_stateful_dataloader": use_stateful_dataloader,
+               "torch_device_mesh": torch_device_mesh}
+    given = [name for name, value in refused.items() if value]
+    if given:
+        raise ConfigError(f"prepare_data_loader: {', '.join(given)} not supported by torchbay (prepared loaders save "
+                          f"their own position; dispatched batches are sliced along dim 0); leave it unset")
+    state = PartialState()
+    strategy = state._strategy
+    if dispatch_batches is None:
+        dispatch_batches = put_on_device and isinstance(dataloader.dataset, IterableDataset)
+    if dispatch_batches and not put_on_device:
+        raise ConfigError("prepare_data_loader(dispatch_batches=True) needs put_on_device=True")
+    seed = data_seed if data_seed is not None else strategy.broadcast_object(torch.initial_seed() % 2**62)
+    settings = LoaderSettings(num_processes=state.num_processes if num_processes is None else num_processes,
+                              process_index=state.process_index if process_index is None else process_index,
+                              device=(device if device is not None else state.device) if put_on_device else None,
+                              split_batches=split_batches, even_batches=even_batches,
+                              dispatch_batches=dispatch_batches, use_seedable_sampler=use_seedable_sampler,
+                              non_blocking=non_blocking)
+    gradient_state = state.__dict__.get("_gradient_state") or GradientState(1)
+    cls = DataLoaderDispatcher if dispatch_batches else DataLoaderShard
+    return cls(dataloader, settings=settings, seed=seed, strategy=strategy, gradient_state=gradient_state,
+               device_backend=strategy.device_backend)
+
+
+def skip_first_batches(dataloader: PreparedDataLoader, num_batches: int = 0) -> SkipFirstBatches:
+    """One epoch of a prepared loader without its first ``num_batches`` (Accelerate's free function)."""
+    if not isinstance(dataloader, PreparedDataLoader):
+        raise ConfigError("skip_first_batches takes a data loader returned by prepare or prepare_data_loader")
+    return SkipFirstBatches(dataloader, num_batches)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import enum
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -30,8 +31,22 @@ class GradScalerKwargs(KwargsHandler):
     enabled: bool = True
 
 
+class DDPCommunicationHookType(str, enum.Enum):
+    """Gradient communication hooks of torch's DDP, by Accelerate's names."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
 @dataclass
 class DistributedDataParallelKwargs(KwargsHandler):
+    """``DistributedDataParallel`` arguments, plus a communication hook (``comm_hook``), optionally
+    wrapped (``comm_wrapper``: fp16/bf16 compression of PowerSGD), with ``comm_state_option``
+    passed to ``PowerSGDState``."""
+
     dim: int = 0
     broadcast_buffers: bool = True
     bucket_cap_mb: int = 25
@@ -39,6 +54,78 @@ class DistributedDataParallelKwargs(KwargsHandler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_state_option: dict = field(default_factory=dict)
+
+    _HOOK_FIELDS = ("comm_hook", "comm_wrapper", "comm_state_option")
+
+    def ddp_kwargs(self) -> dict[str, Any]:
+        """The non-default arguments for ``DistributedDataParallel`` itself."""
+        return {k: v for k, v in self.to_kwargs().items() if k not in self._HOOK_FIELDS}
+
+    def register_comm_hook(self, model: Any) -> None:
+        """Register the chosen hook on a ``DistributedDataParallel`` model (nothing for ``NO``)."""
+        hook_kind = DDPCommunicationHookType(self.comm_hook)
+        wrapper_kind = DDPCommunicationHookType(self.comm_wrapper)
+        if hook_kind is DDPCommunicationHookType.NO:
+            if wrapper_kind is not DDPCommunicationHookType.NO:
+                from torchbay.errors import ConfigError
+
+                raise ConfigError("DistributedDataParallelKwargs.comm_wrapper wraps a comm_hook; set comm_hook too "
+                                  "(e.g. DDPCommunicationHookType.POWER_SGD)")
+            return
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        hooks = {DDPCommunicationHookType.FP16: default_hooks.fp16_compress_hook,
+                 DDPCommunicationHookType.BF16: default_hooks.bf16_compress_hook,
+                 DDPCommunicationHookType.POWER_SGD: powerSGD_hook.powerSGD_hook,
+                 DDPCommunicationHookType.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook}
+        wrappers = {DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
+                    DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper}
+        hook = hooks[hook_kind]
+        if wrapper_kind in wrappers:
+            hook = wrappers[wrapper_kind](hook)
+        state = None
+        if hook_kind in (DDPCommunicationHookType.POWER_SGD, DDPCommunicationHookType.BATCHED_POWER_SGD):
+            state = powerSGD_hook.PowerSGDState(None, **self.comm_state_option)
+        model.register_comm_hook(state=state, hook=hook)
+
+
+@dataclass
+class ProfileKwargs(KwargsHandler):
+    """Settings of ``accelerator.profile()`` (``torch.profiler.profile``), Accelerate's fields."""
+
+    activities: Optional[list] = None  # names: "cpu" or a device's profiler activity name
+    schedule_option: Optional[dict] = None  # wait, warmup, active, repeat, skip_first
+    on_trace_ready: Any = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: Optional[str] = None
+
+    def build(self):
+        """A ``torch.profiler.profile`` with these settings."""
+        import torch.profiler as tp
+
+        activities = None
+        if self.activities is not None:
+            table = {a.name.lower(): a for a in tp.ProfilerActivity}
+            unknown = [a for a in self.activities if a.lower() not in table]
+            if unknown:
+                from torchbay.errors import ConfigError
+
+                raise ConfigError(f"ProfileKwargs.activities: unknown {unknown}; choose from {sorted(table)}")
+            activities = [table[a.lower()] for a in self.activities]
+        schedule = tp.schedule(**self.schedule_option) if self.schedule_option else None
+        on_trace_ready = self.on_trace_ready
+        if on_trace_ready is None and self.output_trace_dir:
+            on_trace_ready = tp.tensorboard_trace_handler(self.output_trace_dir)
+        return tp.profile(activities=activities, schedule=schedule, on_trace_ready=on_trace_ready,
+                          record_shapes=self.record_shapes, profile_memory=self.profile_memory,
+                          with_stack=self.with_stack, with_flops=self.with_flops, with_modules=self.with_modules)
 
 
 @dataclass
@@ -54,12 +141,21 @@ class DataLoaderConfiguration:
     split_batches: bool = False
     dispatch_batches: Optional[bool] = None
     even_batches: bool = True
-    use_seedable_sampler: bool = True
+    use_seedable_sampler: bool = False
     data_seed: Optional[int] = None
     non_blocking: bool = False
+    use_stateful_dataloader: bool = False
 
     def to_config(self) -> dict[str, Any]:
-        return asdict(self)
+        if self.use_stateful_dataloader:
+            from torchbay.errors import ConfigError
+
+            raise ConfigError("DataLoaderConfiguration(use_stateful_dataloader=True): torchbay's prepared loaders "
+                              "save their position themselves (save_state/load_state, state_dict/load_state_dict); "
+                              "leave use_stateful_dataloader unset")
+        out = asdict(self)
+        out.pop("use_stateful_dataloader")
+        return out
 
 
 @dataclass
@@ -78,7 +174,12 @@ class ProjectConfiguration:
 
 @dataclass
 class GradientAccumulationPlugin:
-    """Accelerate's way of giving ``num_steps``; same as ``gradient_accumulation_steps``."""
+    """Accelerate's way of giving ``num_steps``; same as ``gradient_accumulation_steps``.
+
+    ``sync_each_batch=True`` synchronises gradients on every micro-batch (less memory, more
+    communication); the optimizer still steps every ``num_steps``.
+    """
 
     num_steps: int = 1
     sync_with_dataloader: bool = True
+    sync_each_batch: bool = False

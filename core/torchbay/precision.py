@@ -62,6 +62,10 @@ class Precision:
         """Whether ``prepare`` should wrap the model's forward in :meth:`forward_context`."""
         return False
 
+    #: whether the wrapped forward casts half-precision outputs back to fp32 (Accelerate's
+    #: ``convert_outputs_to_fp32``), so that what the user computes from them runs in fp32
+    fp32_outputs: ClassVar[bool] = False
+
     # -- every step ---------------------------------------------------------------------
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss

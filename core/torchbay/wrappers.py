@@ -12,15 +12,87 @@ import torch
 
 
 class GradientState:
-    """Whether this micro-batch synchronises gradients, and where the data loader is."""
+    """Whether this micro-batch synchronises gradients, and where the data loader is.
 
-    def __init__(self, accumulation_steps: int):
-        self.accumulation_steps = accumulation_steps
+    One per ``Accelerator`` (Accelerate's is one per process); ``accelerator.gradient_state``
+    has Accelerate's attribute names (``num_steps``, ``active_dataloader``, ``in_dataloader``...).
+    """
+
+    def __init__(self, accumulation_steps: Any = 1, sync_each_batch: bool = False):
+        if hasattr(accumulation_steps, "num_steps"):  # Accelerate's GradientState(gradient_accumulation_plugin)
+            sync_each_batch = getattr(accumulation_steps, "sync_each_batch", False)
+            accumulation_steps = accumulation_steps.num_steps
+        self.accumulation_steps = int(accumulation_steps or 1)
+        self.sync_each_batch = sync_each_batch
         self.step = 0
         self.sync_gradients = True
-        self.end_of_dataloader = False
-        self.remainder = -1
+        self._end_of_dataloader = False  # without an active loader
+        self._remainder = -1
         self.active_dataloaders: list[Any] = []
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """Whether the active loader is serving its last batch."""
+        loader = self.active_dataloader
+        return loader._end_of_dataloader if loader is not None else self._end_of_dataloader
+
+    @end_of_dataloader.setter
+    def end_of_dataloader(self, value: bool) -> None:
+        loader = self.active_dataloader
+        if loader is not None:
+            loader._end_of_dataloader = value
+        else:
+            self._end_of_dataloader = value
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the active loader's last round (-1: all real), for ``gather_for_metrics``."""
+        loader = self.active_dataloader
+        return loader._remainder if loader is not None else self._remainder
+
+    @remainder.setter
+    def remainder(self, value: int) -> None:
+        loader = self.active_dataloader
+        if loader is not None:
+            loader._remainder = value
+        else:
+            self._remainder = value
+
+    @property
+    def num_steps(self) -> int:
+        return self.accumulation_steps
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        return True
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        return True
+
+    @property
+    def active_dataloader(self) -> Any:
+        return self.active_dataloaders[-1] if self.active_dataloaders else None
+
+    @property
+    def dataloader_references(self) -> list[Any]:
+        return [None, *self.active_dataloaders]
+
+    @property
+    def in_dataloader(self) -> bool:
+        return bool(self.active_dataloaders)
+
+    @property
+    def initialized(self) -> bool:
+        return True
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Accelerate's reset of its process-wide gradient state; each torchbay Accelerator has its own."""
+
+    def __repr__(self) -> str:
+        return (f"Sync Gradients: {self.sync_gradients}\nAt end of current dataloader: {self.end_of_dataloader}\n"
+                f"Extra samples added: {self.remainder}\nGradient accumulation steps: {self.num_steps}\n")
 
     def advance(self) -> bool:
         """Called by ``accumulate``: decide whether this micro-batch syncs."""
@@ -33,15 +105,13 @@ class GradientState:
         return self.sync_gradients
 
     def begin_dataloader(self, loader) -> None:
+        loader._end_of_dataloader, loader._remainder = False, -1
         self.active_dataloaders.append(loader)
-        self.end_of_dataloader = False
-        self.remainder = -1
 
     def end_dataloader(self, loader) -> None:
-        if loader in self.active_dataloaders:
-            self.active_dataloaders.remove(loader)
-        self.end_of_dataloader = False
-        self.remainder = -1
+        loader._end_of_dataloader, loader._remainder = False, -1
+        if any(d is loader for d in self.active_dataloaders):
+            self.active_dataloaders = [d for d in self.active_dataloaders if d is not loader]
 
 
 class PreparedOptimizer(torch.optim.Optimizer):

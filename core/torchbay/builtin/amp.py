@@ -13,6 +13,7 @@ class AutocastPrecision(Precision):
     """torch.amp autocast around the model's forward, in ``dtype``."""
 
     dtype: torch.dtype = torch.bfloat16
+    fp32_outputs = True
 
     @classmethod
     def check(cls, context) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
@@ -27,17 +29,40 @@ class DDPStrategy(Strategy):
         if self.world_size == 1 or not any(p.requires_grad for p in model.parameters()):
             return model
         handler = self.context.extras.get("kwargs_handlers", {}).get(DistributedDataParallelKwargs)
-        kwargs = handler.to_kwargs() if handler else {}
+        kwargs = handler.ddp_kwargs() if handler else {}
         device_ids = self.device_backend.ddp_device_ids()
         if device_ids is not None:
             kwargs["device_ids"] = device_ids
-        return DistributedDataParallel(model, **kwargs)
+        wrapped = DistributedDataParallel(model, **kwargs)
+        if handler is not None:
+            handler.register_comm_hook(wrapped)
+        return wrapped
 
     def is_wrapped(self, model) -> bool:
         return isinstance(model, DistributedDataParallel)
 
     def no_sync(self, model):
         return model.no_sync() if self.is_wrapped(model) else super().no_sync(model)
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model):
+        """The next backward reduces gradients even inside ``no_sync`` (DDP's reducer is re-armed)."""
+        if not self.is_wrapped(model):
+            yield
+            return
+        old = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = old
+
+    def join_context(self, models):
+        """torch's ``Join`` over the wrapped models: ranks out of batches shadow the others' collectives."""
+        from torch.distributed.algorithms.join import Join
+
+        return Join(list(models))
 
 
 @hookimpl

@@ -1,0 +1,152 @@
+"""Accelerate names that torchbay answers by asking its plugins, or refuses with advice.
+
+``resolve(name)`` gives, for a name not defined in :mod:`torchbay.utils` or :mod:`torchbay`:
+
+- ``is_<x>_available``: a function answered by the installed plugins (a device named x, a
+  strategy or FP8 engine with its library) or by whether library x is installed;
+- ``check_<device>_fp8_capability``: whether that device plugin reports compute capability 8.9+;
+- a backend's name (``FullyShardedDataParallelPlugin``...): taken from its plugin when installed;
+- a name torchbay does not offer: an :class:`UnsupportedAPIError` saying what to use instead.
+
+The tables are data (``resources/accelerate_api.yaml``), so the core names no backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import re
+from typing import Any, Callable
+
+import torch
+
+from torchbay.errors import TorchbayError
+
+MISSING = object()
+
+
+class UnsupportedAPIError(TorchbayError, NotImplementedError):
+    """An Accelerate name that torchbay does not offer; the message says what to use instead."""
+
+
+def _table() -> dict[str, Any]:
+    from torchbay.state import accelerate_api_table
+
+    return accelerate_api_table()
+
+
+def _registries() -> dict[str, dict[str, Any]]:
+    from torchbay.plugins import get_plugin_manager
+
+    return get_plugin_manager().registries()
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _device_available(device: str) -> bool:
+    cls = _registries()["devices"].get(device)
+    try:
+        return bool(cls is not None and cls.is_available())
+    except Exception:
+        return False
+
+
+def _current_device_cls():
+    from torchbay.state import PartialState
+
+    shared = PartialState._shared_state
+    if shared.get("_strategy") is not None:
+        return type(shared["_strategy"].device_backend)
+    available = [c for c in _registries()["devices"].values() if c.is_available()]
+    return max(available, key=lambda c: c.priority) if available else None
+
+
+def _autocast_available(dtype: torch.dtype) -> bool:
+    cls = _current_device_cls()
+    return bool(cls is not None and cls.supports_autocast(dtype))
+
+
+def _fp8_available() -> bool:
+    for cls in _registries()["precisions"].values():
+        if getattr(cls, "name", "") == "fp8" and cls.unavailable_reason(_current_device_cls()) is None:
+            return True
+    return False
+
+
+def _plugin_available(spec: dict[str, str]) -> bool:
+    registries = _registries()
+    if "strategy" in spec and spec["strategy"] not in registries["strategies"]:
+        return False
+    if "fp8_backend" in spec and not any(getattr(c, "fp8_backend", None) == spec["fp8_backend"]
+                                         for c in registries["precisions"].values()):
+        return False
+    return _has_module(spec["module"])
+
+
+def availability(what: str) -> Callable[..., bool]:
+    """The ``is_<what>_available`` function (any arguments Accelerate's takes are accepted)."""
+    table = _table()
+    if what in ("fp16", "bf16"):
+        dtype = torch.float16 if what == "fp16" else torch.bfloat16
+        answer: Callable[[], bool] = functools.partial(_autocast_available, dtype)
+    elif what == "fp8":
+        answer = _fp8_available
+    elif what == "rocm":
+        answer = lambda: getattr(torch.version, "hip", None) is not None  # noqa: E731
+    elif what in table["available_devices"]:
+        answer = functools.partial(_device_available, table["available_devices"][what])
+    elif what in table["available_plugins"]:
+        answer = functools.partial(_plugin_available, table["available_plugins"][what])
+    else:
+        answer = functools.partial(_has_module, table["available_modules"].get(what, what))
+
+    def is_available(*args: Any, **kwargs: Any) -> bool:
+        return answer()
+
+    is_available.__name__ = f"is_{what}_available"
+    is_available.__doc__ = f"Whether {what} can be used here (answered by torchbay's installed plugins)."
+    return is_available
+
+
+def fp8_capability(device: str) -> Callable[[], bool]:
+    def check(*args: Any, **kwargs: Any) -> bool:
+        cls = _registries()["devices"].get(device)
+        if cls is None or not _device_available(device):
+            return False
+        capability = cls.compute_capability(0)
+        return capability is not None and tuple(capability) >= (8, 9)
+
+    check.__name__ = f"check_{device}_fp8_capability"
+    return check
+
+
+def refusal(name: str, advice: str) -> Any:
+    raise UnsupportedAPIError(f"{name} is not offered by torchbay: {advice} (see docs/accelerate-compat.md)")
+
+
+def resolve(name: str) -> Any:
+    table = _table()
+    match = re.fullmatch(r"is_(\w+)_available", name)
+    if match:
+        return availability(match.group(1))
+    match = re.fullmatch(r"check_(\w+)_fp8_capability", name)
+    if match:
+        return fp8_capability(match.group(1))
+    plugin = table.get("plugin_names", {}).get(name)
+    if plugin is not None:
+        if not _has_module(plugin["module"].split(".")[0]):
+            refusal(name, f"it comes from the {plugin['install']} plugin: pip install {plugin['install']}")
+        module = importlib.import_module(plugin["module"])
+        if not hasattr(module, name):
+            refusal(name, f"the installed {plugin['install']} does not provide it yet")
+        return getattr(module, name)
+    advice = table.get("refused", {}).get(name)
+    if advice is not None:
+        refusal(name, advice)
+    return MISSING

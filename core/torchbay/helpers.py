@@ -1,0 +1,206 @@
+"""Small utilities with Accelerate's names: environment patching, version checks, memory.
+
+Re-exported by :mod:`torchbay.utils`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import gc
+import inspect
+import operator
+import os
+from typing import Any, Callable
+
+import torch
+
+from torchbay.errors import TorchbayError
+
+
+class RNGType(str, enum.Enum):
+    """Generators ``synchronize_rng_states`` knows: the CPU one, a user's, or a device's by name."""
+
+    TORCH = "torch"
+    GENERATOR = "generator"
+
+
+def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
+    value = value.lower()
+    if value in ("y", "yes", "t", "true", "on", "1"):
+        return True if to_bool else 1
+    if value in ("n", "no", "f", "false", "off", "0"):
+        return False if to_bool else 0
+    raise ValueError(f"invalid truth value {value!r}")
+
+
+def parse_flag_from_env(key: str, default: bool = False) -> bool:
+    return bool(str_to_bool(os.environ.get(key, str(default)), to_bool=True))
+
+
+def parse_choice_from_env(key: str, default: str = "no") -> str:
+    return os.environ.get(key, str(default))
+
+
+_OPS = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne, "<=": operator.le,
+        "<": operator.lt}
+
+
+def compare_versions(library_or_version: Any, operation: str, requirement_version: str) -> bool:
+    """``compare_versions("torch", ">=", "2.1")``: compare an installed library's (or a given) version."""
+    from importlib.metadata import version as installed
+    from packaging.version import parse
+
+    if operation not in _OPS:
+        raise ValueError(f"operation must be one of {sorted(_OPS)}, not {operation!r}")
+    if isinstance(library_or_version, str) and not library_or_version[:1].isdigit():
+        library_or_version = installed(library_or_version)
+    return _OPS[operation](parse(str(library_or_version)), parse(requirement_version))
+
+
+def is_torch_version(operation: str, version: str) -> bool:
+    from packaging.version import parse
+
+    return _OPS[operation](parse(parse(torch.__version__).base_version), parse(version))
+
+
+def is_habana_gaudi1() -> bool:
+    """Whether the device is a first-generation Gaudi; a device plugin that can tell says so."""
+    from torchbay.compat_names import _current_device_cls
+
+    cls = _current_device_cls()
+    return bool(getattr(cls, "is_first_generation", False))
+
+
+@contextlib.contextmanager
+def patch_environment(**kwargs: Any):
+    """Set environment variables (keys upper-cased) inside the block; restore them after."""
+    saved = {}
+    for key, value in kwargs.items():
+        key = key.upper()
+        saved[key] = os.environ.get(key)
+        os.environ[key] = str(value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def clear_environment():
+    """Run the block with an empty environment; restore it after."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def merge_dicts(source: dict, destination: dict) -> dict:
+    for key, value in source.items():
+        if isinstance(value, dict):
+            merge_dicts(value, destination.setdefault(key, {}))
+        else:
+            destination[key] = value
+    return destination
+
+
+def get_pretty_name(obj: Any) -> str:
+    if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
+        obj = getattr(obj, "__class__", obj)
+    return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", str(obj))
+
+
+def check_os_kernel() -> None:
+    """Accelerate warns about old Linux kernels; torchbay leaves that to the OS (no-op)."""
+
+
+def wait_for_everyone() -> None:
+    from torchbay.state import PartialState
+
+    PartialState().wait_for_everyone()
+
+
+def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
+    """``torch.save`` (or safetensors) on the main process (of each node with ``save_on_each_node``)."""
+    from torchbay.state import PartialState
+
+    state = PartialState()
+    if not (state.is_local_main_process if save_on_each_node else state.is_main_process):
+        return
+    if safe_serialization:
+        from safetensors.torch import save_file
+
+        save_file(obj, f, metadata={"format": "pt"})
+    else:
+        torch.save(obj, f)
+
+
+def extract_model_from_parallel(model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> Any:
+    """The user's module inside DDP/other wrappers and ``torch.compile``."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    if not keep_torch_compile and hasattr(model, "_orig_mod"):
+        model = model._orig_mod
+    if not keep_fp32_wrapper and hasattr(model, "_torchbay_original_forward"):
+        model.forward = model._torchbay_original_forward
+        del model._torchbay_original_forward
+    return model
+
+
+def release_memory(*objects: Any) -> list[None]:
+    """Drop the given references (returns ``None`` for each) and empty the device cache."""
+    objects = [None] * len(objects)
+    gc.collect()
+    from torchbay.state import PartialState
+
+    if PartialState._shared_state.get("_strategy") is not None:
+        PartialState._shared_state["_strategy"].device_backend.empty_cache()
+    return objects
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError) and (
+        "out of memory" in text.lower() or "DefaultCPUAllocator: can't allocate memory" in text))
+
+
+def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128,
+                               reduce_batch_size_fn: Callable[[int], int] | None = None):
+    """Call ``function(batch_size, ...)``, halving ``batch_size`` after each out-of-memory error.
+
+    ``function``'s first parameter must be the batch size; call the decorated function without it.
+    """
+    if function is None:
+        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size,
+                                 reduce_batch_size_fn=reduce_batch_size_fn)
+    shrink = reduce_batch_size_fn or (lambda size: size // 2)
+
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any):
+        params = list(inspect.signature(function).parameters)
+        if len(params) < len(args) + 1:
+            raise TorchbayError(f"find_executable_batch_size: call {function.__name__} without its first argument "
+                                f"(the batch size is passed for you), not with {len(args)} positional arguments")
+        batch_size = starting_batch_size
+        while True:
+            if batch_size == 0:
+                raise TorchbayError(f"find_executable_batch_size: {function.__name__} ran out of memory down to "
+                                    f"batch size 1; reduce the model or the sequence length")
+            try:
+                return function(batch_size, *args, **kwargs)
+            except Exception as exc:
+                if not _is_out_of_memory(exc):
+                    raise
+                gc.collect()
+                release_memory()
+                batch_size = shrink(batch_size)
+
+    return run

@@ -1,0 +1,98 @@
+"""Start N processes from a notebook or a test: ``notebook_launcher`` and ``debug_launcher``.
+
+Both go through torch's elastic launcher (what ``torchbay launch`` uses via torchrun), with
+forked workers, so the function and its arguments need not be picklable. The device is the
+one the config selects (any installed device plugin); its launch environment is given to
+the workers, and nothing of the device is initialised in the parent.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from torchbay.errors import LaunchError
+
+
+def _check_parent() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        raise LaunchError("notebook_launcher: this process already joined a process group (an Accelerator or "
+                          "PartialState was created here); create the Accelerator inside the launched function "
+                          "and restart the notebook's kernel")
+
+
+def _worker_env(num_processes: int, device: str | None, mixed_precision: str) -> dict[str, str]:
+    from torchbay.config import resolve_config
+    from torchbay.plugins import get_plugin_manager
+    from torchbay.selection import build_context
+
+    env = {"TORCHBAY_MIXED_PRECISION": mixed_precision, "FORK_LAUNCHED": "1", "OMP_NUM_THREADS":
+           os.environ.get("OMP_NUM_THREADS", "1")}
+    if device:
+        env["TORCHBAY_DEVICE"] = device
+    args: dict[str, Any] = {"mixed_precision": mixed_precision, "launch.num_processes": num_processes}
+    if device:
+        args["device"] = device
+    saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    os.environ.update(WORLD_SIZE=str(num_processes), RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(num_processes))
+    try:  # validate the set-up here, before any process starts
+        pm = get_plugin_manager()
+        resolved = resolve_config(args=args, pm=pm)
+        context = build_context(resolved, pm)
+        env.update(context.device_backend_cls.worker_env(resolved.config, num_processes))
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return env
+
+
+def notebook_launcher(function: Callable, args: tuple = (), num_processes: int | None = None,
+                      mixed_precision: str = "no", use_port: str = "29500", master_addr: str = "127.0.0.1",
+                      node_rank: int = 0, num_nodes: int = 1, rdzv_backend: str = "static", rdzv_endpoint: str = "",
+                      rdzv_conf: dict | None = None, rdzv_id: str = "none", max_restarts: int = 0,
+                      monitor_interval: float = 0.1, log_line_prefix_template: str | None = None,
+                      device: str | None = None) -> Any:
+    """Run ``function(*args)`` in ``num_processes`` processes (or here, for one process).
+
+    A failing process stops the others and raises torch's ``ChildFailedError`` with its error;
+    ``max_restarts`` restarts the whole group that many times first.
+    """
+    from torchbay.helpers import patch_environment
+
+    if not num_processes or num_processes == 1:
+        with patch_environment(**({"TORCHBAY_DEVICE": device} if device else {}),
+                               TORCHBAY_MIXED_PRECISION=mixed_precision):
+            return function(*args)
+    _check_parent()
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    env = _worker_env(num_processes, device, mixed_precision)
+    endpoint = rdzv_endpoint or f"{master_addr}:{use_port}"
+    conf = dict(rdzv_conf or {})
+    if rdzv_backend == "static":
+        conf.setdefault("rank", node_rank)
+    config = LaunchConfig(min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=num_processes, run_id=rdzv_id,
+                          role="default", rdzv_endpoint=endpoint, rdzv_backend=rdzv_backend, rdzv_configs=conf,
+                          max_restarts=max_restarts, monitor_interval=monitor_interval, start_method="fork",
+                          **({"log_line_prefix_template": log_line_prefix_template}
+                             if log_line_prefix_template else {}))
+    with patch_environment(**env):
+        return elastic_launch(config=config, entrypoint=function)(*args)
+
+
+def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2) -> Any:
+    """Run ``function(*args)`` in ``num_processes`` CPU processes (for tests and debugging)."""
+    from torchbay.state import PartialState
+
+    PartialState._reset_state()
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    return notebook_launcher(function, args, num_processes=num_processes, use_port=port, device="cpu")

@@ -1,0 +1,111 @@
+"""One process of a compatibility run: import an Accelerate test script and run its cases.
+
+``python worker.py SCRIPT OUT_DIR [--accelerate] (--main | CASE ...)``. Without
+``--accelerate`` every ``accelerate`` import is redirected to torchbay first. Each rank appends
+``{"case", "event": "start"|"end", "ok", "error"}`` lines to ``OUT_DIR/rank<N>.jsonl`` as it
+goes, so a run that hangs still tells which case hung.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import traceback
+import types
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import cases as _cases  # noqa: E402
+import redirect  # noqa: E402
+
+
+class _Inert(types.ModuleType):
+    """Stands in for a third-party module a script imports only for cases it cannot run here."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _InertObject(f"{self.__name__}.{name}")
+
+
+class _InertObject:
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, name):
+        return _InertObject(f"{self._name}.{name}")
+
+    def __call__(self, *args, **kwargs):
+        return None
+
+
+def first_error_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    message = f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        last = frames[-1]
+        message += f" [{os.path.basename(last.filename)}:{last.lineno}]"
+    return message[:400]
+
+
+def main(argv: list[str]) -> int:
+    script_name, out_dir, *rest = argv
+    use_accelerate = "--accelerate" in rest
+    run_main = "--main" in rest
+    case_names = [a for a in rest if not a.startswith("--")]
+    script = _cases.SCRIPTS[script_name]
+    if not use_accelerate:
+        redirect.install()
+    for name in script.stand_ins:
+        if importlib.util.find_spec(name) is None:
+            sys.modules[name] = _Inert(name)
+    rank = int(os.environ.get("RANK", "0"))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / f"rank{rank}.jsonl", "a", buffering=1)
+
+    def record(**fields):
+        log.write(json.dumps(fields) + "\n")
+
+    module_name = "accelerate.test_utils.scripts." + script.path[:-3].replace("/", ".")
+    try:
+        module = importlib.import_module(module_name)
+    except BaseException as exc:  # the import itself is a result: every case fails with it
+        traceback.print_exc()
+        record(case="<import>", event="end", ok=False, error=first_error_line(exc))
+        return 1
+    if run_main:
+        module.main()
+        return 0
+    namespace = module.__dict__
+    try:
+        if script.setup:
+            exec(script.setup, namespace)
+    except BaseException as exc:
+        traceback.print_exc()
+        record(case="<setup>", event="end", ok=False, error=first_error_line(exc))
+        return 1
+    codes = dict(script.cases)
+    failed = 0
+    for name in case_names:
+        record(case=name, event="start")
+        try:
+            exec(codes[name], namespace)
+        except BaseException as exc:
+            failed += 1
+            print(f"--- case {name} failed on rank {rank}", file=sys.stderr)
+            traceback.print_exc()
+            record(case=name, event="end", ok=False, error=first_error_line(exc))
+        else:
+            record(case=name, event="end", ok=True, error="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
