@@ -387,3 +387,18 @@ def test_rotation_never_deletes_a_foreign_or_other_projects_directory(tmp_path):
         acc.save_state()
     assert sorted(os.listdir(root)) == ["checkpoint_0", "checkpoint_1", "checkpoint_4"]
     assert (root / "checkpoint_0" / "mine.txt").read_text() == "keep"
+
+
+def test_estimate_memory_counts_only_the_files_a_save_names(tmp_path):
+    from safetensors.torch import save_file
+
+    from torchbay.cli.estimate_memory import count_safetensors
+
+    acc = Accelerator()
+    model = acc.prepare(torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]))
+    acc.save_model(model, str(tmp_path / "sharded"), max_shard_size="20KB")
+    acc.save_model(model, str(tmp_path / "single"))
+    expected = sum(p.numel() for p in model.parameters())
+    for name in ("sharded", "single"):
+        save_file({"stale": torch.zeros(1000)}, str(tmp_path / name / "model-stale.safetensors"))
+        assert count_safetensors(tmp_path / name)["parameters"] == expected

@@ -35,8 +35,24 @@ def _error(message: str):
     return ConfigError(message, header="cannot read the model")
 
 
+def _weight_files(folder: Path) -> list[Path]:
+    """The safetensors files that make up the model in ``folder``: those its index (or torchbay
+    manifest) names, so that stray files of another save are not counted."""
+    indexes = sorted(folder.glob("*.safetensors.index.json"))
+    try:
+        if indexes:
+            names = {n for index in indexes for n in json.loads(index.read_text())["weight_map"].values()}
+            return sorted(folder / n for n in names)
+        manifest = folder / "torchbay_manifest.json"
+        if manifest.is_file():
+            return sorted(folder / n for n in json.loads(manifest.read_text())["files"] if n.endswith(".safetensors"))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _error(f"'{folder}' has an unreadable index or manifest ({exc})") from None
+    return sorted(folder.glob("*.safetensors"))
+
+
 def count_safetensors(path: Path) -> dict[str, int]:
-    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    files = _weight_files(path) if path.is_dir() else [path]
     if not files:
         raise _error(f"'{path}' holds no *.safetensors file")
     total = 0
