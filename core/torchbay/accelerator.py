@@ -280,7 +280,8 @@ class Accelerator(ProcessControl):
         settings = LoaderSettings(num_processes=self.num_processes, process_index=self.process_index,
                                   device=self.device if placement else None, split_batches=cfg.split_batches,
                                   even_batches=cfg.even_batches, dispatch_batches=dispatch,
-                                  use_seedable_sampler=cfg.use_seedable_sampler, non_blocking=cfg.non_blocking)
+                                  use_seedable_sampler=cfg.use_seedable_sampler, non_blocking=cfg.non_blocking,
+                                  use_stateful_dataloader=cfg.use_stateful_dataloader)
         cls = DataLoaderDispatcher if dispatch else DataLoaderShard
         loader = cls(dataloader, settings=settings, seed=seed, strategy=self.strategy,
                      gradient_state=self.gradient_state, device_backend=self.device_backend)

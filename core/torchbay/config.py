@@ -77,6 +77,8 @@ class DataLoaderSection(Section):
     use_seedable_sampler: bool = False
     data_seed: Optional[int] = None
     non_blocking: bool = False
+    use_stateful_dataloader: bool = Field(False, description="iterating after load_state goes on from the saved "
+                                                             "position (else use skip_first_batches)")
 
 
 class ProjectSection(Section):

@@ -206,6 +206,9 @@ class LoaderSettings:
     dispatch_batches: bool | None = None
     use_seedable_sampler: bool = False
     non_blocking: bool = False
+    #: after load_state / load_state_dict, iterating goes on from the saved position (as
+    #: torchdata's StatefulDataLoader); otherwise use skip_first_batches
+    use_stateful_dataloader: bool = False
 
 
 class PreparedDataLoader:
@@ -236,6 +239,7 @@ class PreparedDataLoader:
         self.non_blocking = settings.non_blocking
         self.batch_sampler: ShardedBatchSampler | None = None
         self._end_of_dataloader, self._remainder = False, -1  # read through the gradient state
+        self._pending_skip = 0  # batches the next iteration skips (a stateful loader's restored position)
         self._epoch_start: dict[str, Any] | None = None  # sampler RNG at the start of the current epoch
         self._resume_from: dict[str, Any] | None = None
         kwargs = {k: getattr(dataloader, k) for k in _LOADER_ARGS if hasattr(dataloader, k)}
@@ -331,7 +335,8 @@ class PreparedDataLoader:
         self.epoch = epoch
 
     def __iter__(self):
-        return self._iterate(skip=0)
+        skip, self._pending_skip = self._pending_skip, 0
+        return self._iterate(skip=skip)
 
     def _iterate(self, skip: int):
         if hasattr(self.sampler, "set_epoch"):
@@ -343,6 +348,9 @@ class PreparedDataLoader:
         state.begin_dataloader(self)
         try:
             iterator = iter(self.loader)
+            if self.batch_sampler is None:  # iterable or dispatched: skip by reading
+                for _ in range(skip):
+                    next(iterator, None)
             current = next(iterator, _END)
             while current is not _END:
                 upcoming = next(iterator, _END)
@@ -388,6 +396,8 @@ class PreparedDataLoader:
         rng = {k: state[k] for k in ("sampler_seed", "sampler_rng") if k in state}
         if self.batches_yielded:
             self._resume_from = rng  # applied where the sampler draws its order
+            if self.settings.use_stateful_dataloader:  # the next plain iteration goes on from there
+                self._pending_skip = self.batches_yielded
         elif "sampler_rng" in rng and getattr(self.sampler, "generator", None) is not None:
             self.sampler.generator.set_state(rng["sampler_rng"])
 
@@ -522,12 +532,11 @@ def prepare_data_loader(dataloader: DataLoader, device: Any = None, num_processe
     from torchbay.state import PartialState
     from torchbay.wrappers import GradientState
 
-    refused = {"slice_fn_for_dispatch": slice_fn_for_dispatch, "use_stateful_dataloader": use_stateful_dataloader,
-               "torch_device_mesh": torch_device_mesh}
+    refused = {"slice_fn_for_dispatch": slice_fn_for_dispatch, "torch_device_mesh": torch_device_mesh}
     given = [name for name, value in refused.items() if value]
     if given:
-        raise ConfigError(f"prepare_data_loader: {', '.join(given)} not supported by torchbay (prepared loaders save "
-                          f"their own position; dispatched batches are sliced along dim 0); leave it unset")
+        raise ConfigError(f"prepare_data_loader: {', '.join(given)} not supported by torchbay (dispatched batches are "
+                          f"sliced along dim 0; N-D meshes belong to the strategy plugins); leave it unset")
     state = PartialState()
     strategy = state._strategy
     if dispatch_batches is None:
@@ -540,7 +549,7 @@ def prepare_data_loader(dataloader: DataLoader, device: Any = None, num_processe
                               device=(device if device is not None else state.device) if put_on_device else None,
                               split_batches=split_batches, even_batches=even_batches,
                               dispatch_batches=dispatch_batches, use_seedable_sampler=use_seedable_sampler,
-                              non_blocking=non_blocking)
+                              non_blocking=non_blocking, use_stateful_dataloader=use_stateful_dataloader)
     gradient_state = state.__dict__.get("_gradient_state") or GradientState(1)
     cls = DataLoaderDispatcher if dispatch_batches else DataLoaderShard
     return cls(dataloader, settings=settings, seed=seed, strategy=strategy, gradient_state=gradient_state,

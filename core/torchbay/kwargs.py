@@ -144,18 +144,12 @@ class DataLoaderConfiguration:
     use_seedable_sampler: bool = False
     data_seed: Optional[int] = None
     non_blocking: bool = False
+    #: True: after load_state/load_state_dict, iterating a prepared loader goes on from the saved
+    #: position (torchbay's loaders save it either way; without this use skip_first_batches)
     use_stateful_dataloader: bool = False
 
     def to_config(self) -> dict[str, Any]:
-        if self.use_stateful_dataloader:
-            from torchbay.errors import ConfigError
-
-            raise ConfigError("DataLoaderConfiguration(use_stateful_dataloader=True): torchbay's prepared loaders "
-                              "save their position themselves (save_state/load_state, state_dict/load_state_dict); "
-                              "leave use_stateful_dataloader unset")
-        out = asdict(self)
-        out.pop("use_stateful_dataloader")
-        return out
+        return asdict(self)
 
 
 @dataclass

@@ -28,8 +28,8 @@ def _worker_env(num_processes: int, device: str | None, mixed_precision: str) ->
     from torchbay.plugins import get_plugin_manager
     from torchbay.selection import build_context
 
-    env = {"TORCHBAY_MIXED_PRECISION": mixed_precision, "FORK_LAUNCHED": "1", "OMP_NUM_THREADS":
-           os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {"TORCHBAY_MIXED_PRECISION": repr(mixed_precision), "FORK_LAUNCHED": "1",  # repr: YAML reads no as false
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if device:
         env["TORCHBAY_DEVICE"] = device
     args: dict[str, Any] = {"mixed_precision": mixed_precision, "launch.num_processes": num_processes}
@@ -66,7 +66,7 @@ def notebook_launcher(function: Callable, args: tuple = (), num_processes: int |
 
     if not num_processes or num_processes == 1:
         with patch_environment(**({"TORCHBAY_DEVICE": device} if device else {}),
-                               TORCHBAY_MIXED_PRECISION=mixed_precision):
+                               TORCHBAY_MIXED_PRECISION=repr(mixed_precision)):
             return function(*args)
     _check_parent()
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch

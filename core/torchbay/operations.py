@@ -102,7 +102,8 @@ def _verified(function: Callable) -> Callable:
 
 # -- forms that take the strategy (used by the Accelerator) ------------------------------
 def _gather(strategy, data: Any) -> Any:
-    return recursively_apply(strategy.all_gather, data, error_on_other_type=True)
+    # collectives do not carry gradients; a tensor that requires grad is gathered as its data
+    return recursively_apply(lambda t: strategy.all_gather(t.detach()), data, error_on_other_type=True)
 
 
 def _reduce(strategy, data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:

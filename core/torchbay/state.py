@@ -24,6 +24,7 @@ import torch
 import yaml
 
 from torchbay.errors import TorchbayError
+from torchbay.wrappers import GradientState  # noqa: F401 (Accelerate's accelerate.state.GradientState)
 
 
 @functools.lru_cache(maxsize=None)
@@ -229,7 +230,9 @@ class PartialState:
 
     def destroy_process_group(self, group: Any = None) -> None:
         """Destroy the process group (the default one unless ``group`` is given)."""
-        if self.fork_launched and group is None:
+        fork_launched = self.__dict__.get("fork_launched",
+                                          os.environ.get("FORK_LAUNCHED", "0") not in ("0", "", "false", "False"))
+        if fork_launched and group is None:
             return
         if group is not None:
             torch.distributed.destroy_process_group(group)

@@ -77,7 +77,12 @@ class _StandInLoader(importlib.abc.Loader):
         return _StandIn(spec.name, self.target)
 
     def exec_module(self, module) -> None:
+        import logging
+
         importlib.import_module(self.target)  # fail at import time if the target is broken
+        # Accelerate's modules log under their own names; a script that looks up such a logger
+        # (logging.root.manager.loggerDict["accelerate.accelerator"]) gets torchbay's
+        logging.root.manager.loggerDict.setdefault(module.__name__, logging.getLogger(self.target))
 
 
 class AccelerateToTorchbay(importlib.abc.MetaPathFinder):
@@ -90,6 +95,8 @@ class AccelerateToTorchbay(importlib.abc.MetaPathFinder):
         if fullname.startswith(REAL_PREFIXES):
             return self._real_spec(fullname)
         torchbay_name = target_for(fullname)
+        if torchbay_name is None and fullname.count(".") > 1:
+            return None  # ``from accelerate.state import X``: X is looked up on the stand-in, not imported
         if torchbay_name is None:
             raise ImportError(f"{fullname} has no torchbay counterpart (see docs/accelerate-compat.md)",
                               name=fullname)

@@ -62,9 +62,11 @@ def main(argv: list[str]) -> int:
     script = _cases.SCRIPTS[script_name]
     if not use_accelerate:
         redirect.install()
-    for name in script.stand_ins:
-        if importlib.util.find_spec(name) is None:
-            sys.modules[name] = _Inert(name)
+    # inert stand-ins only while the script is imported: its own globals keep them, while
+    # find_spec() still says the library is missing (so neither side uses it)
+    stand_ins = [name for name in script.stand_ins if importlib.util.find_spec(name) is None]
+    for name in stand_ins:
+        sys.modules[name] = _Inert(name)
     rank = int(os.environ.get("RANK", "0"))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -80,6 +82,9 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         record(case="<import>", event="end", ok=False, error=first_error_line(exc))
         return 1
+    finally:
+        for name in stand_ins:
+            sys.modules.pop(name, None)
     if run_main:
         module.main()
         return 0
