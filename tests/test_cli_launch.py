@@ -244,3 +244,64 @@ def test_mpi_allocation_runs_in_place(capsys, monkeypatch):
     assert "num_processes = 4  (the openmpi allocation)" in out and "machine_rank = 1" in out
     code, _, err = dry_run(capsys, "--num-processes", "8", "--nproc-per-node", "8")
     assert code == 2 and "runs 2 tasks per machine" in err
+
+
+# --- hung and vanished ranks ------------------------------------------------------------------
+
+
+def _report(stderr: str) -> str:
+    """The launcher's summary; nothing but one-line notes may come before it."""
+    start = stderr.index("torchbay launch: rank")
+    assert "Traceback" not in stderr[:start], stderr[:start]
+    return stderr[start:]
+
+
+def test_rank_that_never_reaches_the_collective_is_named_with_every_ranks_stack(tmp_path):
+    start = time.time()
+    result = launch(["-q", "--num-processes", "2", str(SCRIPTS / "cli_hang.py"), str(tmp_path), "sleep", "1", "4"],
+                    timeout=120)
+    took = time.time() - start
+    assert result.returncode == 1, result.stderr[-3000:]
+    report = _report(result.stderr)
+    head = report.splitlines()[0]
+    assert head.startswith("torchbay launch: rank 1 never reached the collective the other ranks waited in: it was "
+                           "at cli_hang.py:"), report
+    assert "in load_my_shard" in head
+    where = report[report.index("where each rank was:"):]
+    assert "rank 0: in torch.distributed.barrier called at cli_hang.py:" in where, report
+    assert "rank 1: at cli_hang.py:" in where and "not in a collective (stopped by the launcher)" in where
+    folded = report[report.index("secondary tracebacks"):]
+    assert "  | Traceback (most recent call last):" in folded  # rank 0's timeout, under the summary
+    assert (tmp_path / "timeout0").read_text() == "4.0", "InitProcessGroupKwargs(timeout=...) reaches the group"
+    assert took < 60, f"{took:.0f}s: the 4 s timeout was not applied"
+    assert not processes_mentioning(str(tmp_path))
+
+
+def test_rank_that_leaves_early_is_named_first(tmp_path):
+    result = launch(["-q", "--num-processes", "2", "--process-group-timeout-s", "20", str(SCRIPTS / "cli_hang.py"),
+                     str(tmp_path), "exit0", "1"], timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    report = _report(result.stderr)
+    assert report.startswith("torchbay launch: rank 1 left first: it exited with code 0 at "), report
+    assert "rank 1: exited with code 0" in report and "rank 0: in torch.distributed.barrier" in report
+    assert (tmp_path / "timeout0").read_text() == "20.0", "the config's process_group_timeout_s reaches the group"
+    assert not processes_mentioning(str(tmp_path))
+
+
+def test_sigkill_to_the_launcher_leaves_no_process(tmp_path):
+    proc = subprocess.Popen([*TORCHBAY, "launch", "-q", "--num-processes", "2", str(SCRIPTS / "cli_fail.py"),
+                             str(tmp_path), "kill", "9"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(), cwd=str(HERE))
+    try:
+        _wait_for([tmp_path / "pid0", tmp_path / "pid1"])
+        time.sleep(1.0)
+        assert len(processes_mentioning(str(tmp_path))) >= 4  # launcher, 2 ranks, rank 0's child
+        proc.kill()  # SIGKILL: the launcher cannot clean up
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.time() + 10
+    while processes_mentioning(str(tmp_path)) and time.time() < deadline:
+        time.sleep(0.1)
+    assert processes_mentioning(str(tmp_path)) == []

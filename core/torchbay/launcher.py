@@ -17,7 +17,6 @@ Two modes:
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import os
 import sys
@@ -27,6 +26,7 @@ from typing import Any, Mapping
 from torchbay.cluster import ClusterEnvironment, SingleProcessEnvironment, detect_cluster_environment
 from torchbay.config import RESOLVED_ENV, ResolvedConfig
 from torchbay.errors import ConfigError, LaunchError
+from torchbay.failures import describe_failures  # noqa: F401  (re-exported: the launcher's report)
 
 WORKER = str(Path(__file__).resolve().parent / "cli" / "_worker.py")
 DEFAULT_STATIC_PORT = 29500
@@ -263,6 +263,32 @@ def prepare(resolved: ResolvedConfig, pm, *, environ: Mapping[str, str] | None =
     return plan, context, env
 
 
+def check_port_free(plan: LaunchPlan) -> None:
+    """On the machine that hosts the job's store (machine 0, static rendezvous), refuse a port
+    another process already listens on, before anything starts."""
+    import errno
+    import socket
+
+    if plan.mode != "torchrun" or plan.rdzv_backend != "static" or plan.machine_rank != 0:
+        return
+    if plan.main_process_port is None and plan.num_machines == 1 and not plan.rdzv_endpoint:
+        return  # torchrun picks a free port itself
+    port = plan.main_process_port or DEFAULT_STATIC_PORT
+    for family, address in ((socket.AF_INET, ""), (socket.AF_INET6, "::")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((address, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                continue  # e.g. no IPv6 here
+            source = plan.sources.get("main_process_port", "default")
+            raise ConfigError(f"main_process_port {port} (from {source}) is already in use on this machine (another "
+                              f"job, or one still shutting down); pick a free port with --main-process-port N (the "
+                              f"same on every machine), or on one machine leave it unset and torchrun picks one",
+                              header="cannot start the job") from None
+
+
 def torchrun_argv(plan: LaunchPlan, target: str, target_args: list[str], module: bool = False) -> list[str]:
     """The torch.distributed.run command line for ``plan`` (without the program name)."""
     argv = ["--nnodes", str(plan.num_machines), "--nproc-per-node", str(plan.nproc_per_node),
@@ -295,11 +321,25 @@ def run_torchrun(plan: LaunchPlan, env: Mapping[str, str], target: str, target_a
     args = parser.parse_args(torchrun_argv(plan, target, []))
     # everything after the script is the script's, unchanged: never parsed by torchrun
     args.training_script_args = (["-m", target] if module else [target]) + list(target_args)
+    import shutil
+    import tempfile
+
+    from torchbay.cli._worker import LAUNCHER_PID_ENV, RUN_DIR_ENV
+
+    run_dir = tempfile.mkdtemp(prefix="torchbay-run-")
     os.environ.update(env)
+    os.environ.update({RUN_DIR_ENV: run_dir, LAUNCHER_PID_ENV: str(os.getpid())})
+    try:
+        return _run_agent(torchrun, args, plan, run_dir, ChildFailedError)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _run_agent(torchrun, args, plan: LaunchPlan, run_dir: str, ChildFailedError) -> int:
     try:
         torchrun.run(args)
     except ChildFailedError as exc:
-        report, code = describe_failures(exc.failures, plan)
+        report, code = describe_failures(exc.failures, plan, run_dir)
         sys.stdout.flush()
         print(report, file=sys.stderr, flush=True)
         return code
@@ -329,93 +369,7 @@ def exec_direct(plan: LaunchPlan, env: Mapping[str, str], target: str, target_ar
     os.execve(sys.executable, argv, full)
 
 
-# --- failures --------------------------------------------------------------------------------
-
-
-def _order(item) -> tuple:
-    """Sort key: root causes first (by time), then deaths without a record, then consequences."""
-    rank, failure = item
-    extra = {}
-    data = failure.error_file_data or {}
-    if isinstance(data.get("message"), dict):
-        extra = data["message"].get("extraInfo", {}) or {}
-    when = int(extra.get("torchbay_time_ns", 0) or 0)
-    if when:
-        klass = 2 if extra.get("torchbay_consequence") == "1" else 0
-        return (klass, when, rank)
-    import signal
-
-    stopped = failure.exitcode == -int(signal.SIGTERM)  # most likely stopped by the agent afterwards
-    return (3 if stopped else 1, failure.timestamp * 10**9, rank)
-
-
-def _clean_traceback(text: str) -> str:
-    """Drop the launcher's own frames (the worker, runpy) from a worker's traceback."""
-    out, skip = [], False
-    for line in text.rstrip().splitlines():
-        if line.startswith('  File "'):
-            skip = "_worker.py" in line or "<frozen runpy>" in line or "/runpy.py" in line
-        elif not line.startswith("    "):
-            skip = False
-        if not skip:
-            out.append(line)
-    return "\n".join(out)
-
-
-def describe_failures(failures: Mapping[int, Any], plan: LaunchPlan) -> tuple[str, int]:
-    """The report printed when ranks failed, naming the first one; and the exit code to return."""
-    ordered = sorted(failures.items(), key=_order)
-    rank, first = ordered[0]
-    lines = []
-    data = first.error_file_data or {}
-    message = data.get("message") if isinstance(data, dict) else None
-    callstack = message.get("extraInfo", {}).get("py_callstack", "") if isinstance(message, dict) else ""
-    when_ns = int((message or {}).get("extraInfo", {}).get("torchbay_time_ns", 0) or 0) if isinstance(message, dict) else 0
-    when = (datetime.datetime.fromtimestamp(when_ns / 1e9).strftime("%H:%M:%S.%f")[:-3] if when_ns
-            else datetime.datetime.fromtimestamp(first.timestamp).strftime("%H:%M:%S"))
-    how = _how(first)
-    machine = f" on machine {plan.machine_rank}" if plan.num_machines > 1 else ""
-    lines.append(f"torchbay launch: rank {rank} failed first ({how}; local rank {first.local_rank}{machine}, "
-                 f"pid {first.pid}, at {when})")
-    if callstack:
-        lines.append(_clean_traceback(callstack))
-    elif isinstance(message, dict) and message.get("message"):
-        lines.append(str(message["message"]))
-    others = []
-    for other_rank, failure in ordered[1:]:
-        others.append(f"rank {other_rank} ({_how(failure)}{_consequence_note(failure)})")
-    if others:
-        lines.append("then: " + "; ".join(others))
-    lines.append(f"every process of the job was stopped; exit code {_exit_code(first)}")
-    return "\n".join(lines), _exit_code(first)
-
-
-def _how(failure) -> str:
-    if failure.exitcode < 0:
-        return f"killed by signal {failure.signal_name()}"
-    data = failure.error_file_data or {}
-    message = data.get("message") if isinstance(data, dict) else None
-    if isinstance(message, dict) and message.get("message"):
-        text = str(message["message"]).splitlines()[0]
-        return f"exit code {failure.exitcode}: {text[:300]}"
-    return f"exit code {failure.exitcode}"
-
-
-def _consequence_note(failure) -> str:
-    data = failure.error_file_data or {}
-    message = data.get("message") if isinstance(data, dict) else None
-    if isinstance(message, dict) and message.get("extraInfo", {}).get("torchbay_consequence") == "1":
-        return ", a consequence of the first failure"
-    if failure.exitcode < 0 and failure.signal_name() == "SIGTERM":
-        return ", stopped by the launcher"
-    return ""
-
-
-def _exit_code(failure) -> int:
-    if failure.exitcode < 0:
-        return 128 + (-failure.exitcode)
-    return failure.exitcode or 1
-
+# --- failures: see torchbay.failures ----------------------------------------------------------
 
 def plan_as_json(plan: LaunchPlan) -> str:
     return json.dumps(dataclasses.asdict(plan), indent=2)

@@ -18,9 +18,16 @@ import os
 import sys
 import time
 
-#: substrings of errors a rank gets when *another* rank died under a collective
+#: substrings of errors a rank gets when *another* rank died under a collective, or never came
 CONSEQUENCE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing",
-                       "Broken pipe", "NCCL communicator was aborted", "ProcessGroup abort")
+                       "Broken pipe", "NCCL communicator was aborted", "ProcessGroup abort", "Timed out waiting",
+                       "timed out waiting", "Watchdog caught collective operation timeout")
+#: set by torchbay launch for the workers it starts (torchrun mode)
+RUN_DIR_ENV = "TORCHBAY_RUN_DIR"
+LAUNCHER_PID_ENV = "TORCHBAY_LAUNCHER_PID"
+#: the signal on which a worker writes every thread's Python stack to ``<run dir>/rank<R>.stack``
+STACK_SIGNAL = "SIGUSR1"
+_PR_SET_PDEATHSIG = 1
 CONSEQUENCE_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
 
 
@@ -104,6 +111,132 @@ def stop_own_children() -> None:
         pass
 
 
+def _rank_file(suffix: str, rank: str | None = None) -> str | None:
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not run_dir:
+        return None
+    rank = rank if rank is not None else os.environ.get("RANK", "0")
+    return os.path.join(run_dir, f"rank{rank}.a{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.{suffix}")
+
+
+def die_with_launcher() -> None:
+    """Linux: end this worker, and everything it starts, when the launcher dies (even by SIGKILL).
+
+    A parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGKILL)``) ends the worker itself; a
+    small forked sentinel waits on the launcher's pidfd and then kills the worker's own process
+    group, so the script's children go too (torchrun gives each worker a group of its own).
+    """
+    import signal
+
+    launcher = int(os.environ.get(LAUNCHER_PID_ENV, "0") or 0)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != launcher:  # it died before the signal was armed
+        os._exit(128 + int(signal.SIGKILL))
+    if os.getpgrp() != os.getpid() or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        launcher_fd, worker_fd = os.pidfd_open(launcher), os.pidfd_open(os.getpid())
+    except OSError:
+        return
+    if os.fork() != 0:
+        os.close(launcher_fd)
+        os.close(worker_fd)
+        return
+    # the sentinel: no Python code of the user's runs here
+    try:
+        import select
+
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.closerange(3, min(launcher_fd, worker_fd))
+        os.closerange(max(launcher_fd, worker_fd) + 1, 65536)
+        ready, _, _ = select.select([launcher_fd, worker_fd], [], [])
+        # the worker's parent-death signal may wake us before the launcher's pidfd does
+        if launcher_fd in ready or _exiting(launcher):
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
+def _exiting(pid: int) -> bool:
+    """Whether process ``pid`` is gone or on its way out (PF_EXITING is set before any parent-death
+    signal is sent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fp:
+            fields = fp.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return True
+    return fields[0] in ("Z", "X", "x") or bool(int(fields[6]) & 0x4)
+
+
+def arm_stack_dump() -> None:
+    """Write every thread's Python stack to the rank's stack file on ``STACK_SIGNAL`` (no debugger
+    needed, works while the rank is blocked in C code), then publish this rank's pid."""
+    import faulthandler
+    import signal
+
+    path, pid_path = _rank_file("stack"), _rank_file("pid")
+    if path is None or pid_path is None:
+        return
+    try:
+        stream = open(path, "w")  # kept open for the life of the process
+        faulthandler.register(getattr(signal, STACK_SIGNAL), file=stream, all_threads=True, chain=False)
+        globals()["_stack_stream"] = stream
+        with open(pid_path + ".tmp", "w") as fp:
+            fp.write(str(os.getpid()))
+        os.replace(pid_path + ".tmp", pid_path)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def record_exit(code: int) -> None:
+    """Note when and how this rank ended (the launcher names a rank that left while others ran)."""
+    path = _rank_file("exit")
+    if path is None:
+        return
+    try:
+        with open(path, "w") as fp:
+            fp.write(f"{code} {time.time_ns()}")
+    except OSError:
+        pass
+
+
+def collect_peer_stacks(timeout: float = 2.0) -> None:
+    """Before a failed rank leaves (and the launcher stops the others): ask every other rank of
+    this machine for its Python stack, and wait until each has written it."""
+    import glob
+    import signal
+
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not run_dir:
+        return
+    asked = []
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    for pid_path in glob.glob(os.path.join(run_dir, f"rank*.a{attempt}.pid")):
+        stack = pid_path[:-4] + ".stack"
+        try:
+            pid = int(open(pid_path).read())
+            if pid == os.getpid() or os.path.exists(pid_path[:-4] + ".exit") or os.path.getsize(stack) > 0:
+                continue
+            os.kill(pid, getattr(signal, STACK_SIGNAL))
+            asked.append(stack)
+        except (OSError, ValueError):
+            continue
+    deadline = time.monotonic() + timeout
+    while asked and time.monotonic() < deadline:
+        asked = [p for p in asked if not (os.path.exists(p) and os.path.getsize(p) > 0)]
+        time.sleep(0.02)
+    time.sleep(0.05)  # let the last writer finish its lines
+
+
 def fast_exit(code: int, cleanup=None) -> None:
     """Leave now: run the exit handlers (the user's too), then ``cleanup``, flush, and skip the
     interpreter's slow teardown (seconds once torch is imported), so the job ends promptly.
@@ -128,12 +261,17 @@ def main() -> int:
     if not argv or argv == ["-m"]:
         print("usage: _worker.py [-m] SCRIPT_OR_MODULE [ARGS...] (started by torchbay launch)", file=sys.stderr)
         return 2
+    die_with_launcher()
+    arm_stack_dump()
     try:
         run(argv)
     except SystemExit as exc:
         if exc.code in (None, 0):
+            record_exit(0)
             return 0
         record_failure(exc, time.time_ns())
+        collect_peer_stacks()
+        record_exit(exc.code if isinstance(exc.code, int) else 1)
         release_process_group()
         if isinstance(exc.code, int):
             fast_exit(exc.code, stop_own_children)
@@ -141,10 +279,19 @@ def main() -> int:
         fast_exit(1, stop_own_children)
     except BaseException as exc:
         record_failure(exc, time.time_ns())
+        collect_peer_stacks()
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        record_exit(code)
         release_process_group()
         tb = _user_frames(exc.__traceback__) or exc.__traceback__
-        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        fast_exit(130 if isinstance(exc, KeyboardInterrupt) else 1, stop_own_children)
+        if is_consequence(exc) and os.environ.get(RUN_DIR_ENV):
+            # the launcher prints it, folded under its summary of what went wrong first
+            print(f"torchbay: rank {os.environ.get('RANK', '?')} stopped: {type(exc).__name__} (a consequence of "
+                  f"another rank's failure; see the launcher's summary)", file=sys.stderr)
+        else:
+            sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        fast_exit(code, stop_own_children)
+    record_exit(0)
     return 0
 
 

@@ -29,6 +29,10 @@ def collect(pm, config_file: str | None = None) -> dict[str, Any]:
 
     report: dict[str, Any] = {"versions": {}, "plugins": [], "backends": {}, "devices": [], "config": {}}
     registries = pm.registries()
+    try:
+        pm.config_sections()  # a plugin failing here is listed as failed below
+    except Exception:
+        pass
     for impl in reversed(pm.hook.torchbay_report_env.get_hookimpls()):
         try:
             found = impl.function() or {}
@@ -46,16 +50,20 @@ def collect(pm, config_file: str | None = None) -> dict[str, Any]:
             report["versions"][dist] = "not installed"
     for info in sorted(pm.infos.values(), key=lambda i: (i.status != "builtin", i.name)):
         report["plugins"].append({"name": info.name, "distribution": info.distribution, "version": info.version,
-                                  "status": info.status, "error": info.error})
+                                  "status": info.status, "error": info.error, "hook": info.hook})
     for name, cls in sorted(registries["devices"].items()):
         entry: dict[str, Any] = {"name": name, "plugin": getattr(cls, "_torchbay_plugin", "?")}
-        reason = cls.unavailable_reason()
+        try:
+            reason = cls.unavailable_reason()
+            count = 0 if reason else int(cls.device_count())
+        except Exception as exc:  # a broken device plugin must not hide the report
+            reason = f"its plugin failed to say: {type(exc).__name__}: {exc}"
         if reason:
             entry["available"] = False
             entry["reason"] = reason
         else:
             entry["available"] = True
-            entry["count"] = int(cls.device_count())
+            entry["count"] = count
             try:
                 free, total = cls(0).mem_get_info()
                 entry["memory"] = f"{_fmt_bytes(free)} free of {_fmt_bytes(total)} (device 0)"
@@ -89,6 +97,8 @@ def env_command(args: argparse.Namespace) -> int:
     out.append("plugins:")
     for p in report["plugins"]:
         line = f"  {p['name']} ({p['distribution']} {p['version']}): {p['status']}"
+        if p.get("hook") and p["hook"] not in ("import", "registration"):
+            line += f" in {p['hook']}"
         out.append(line + (f": {p['error']}" if p["error"] else ""))
     if report["backends"]:
         out.append("backend libraries (reported by plugins):")

@@ -39,7 +39,7 @@ def launch_command(args: argparse.Namespace) -> int:
 
     from torchbay.cli._options import resolve_from_args
     from torchbay.errors import ConfigError
-    from torchbay.launcher import exec_direct, prepare, run_torchrun, torchrun_argv
+    from torchbay.launcher import check_port_free, exec_direct, prepare, run_torchrun, torchrun_argv
     from torchbay.plugins import get_plugin_manager
 
     args.script_args = script_args_as_given(args)
@@ -47,12 +47,15 @@ def launch_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"script '{args.script}' is a directory, not a Python file; give the script inside it "
                           f"(e.g. {os.path.join(args.script, 'train.py')}) or a module with -m NAME",
                           header="nothing to launch")
+    if args.module:
+        _check_module(args.script)
     if not args.module and not os.path.isfile(args.script):
         raise ConfigError(f"script '{args.script}' does not exist (to run a module, use torchbay launch -m NAME)",
                           header="nothing to launch")
     pm = get_plugin_manager()
     resolved = resolve_from_args(args, pm=pm)
     plan, context, env = prepare(resolved, pm)
+    check_port_free(plan)
     setup = (f"device {context.device_backend_cls.name}, strategy {context.strategy_cls.name}, "
              f"mixed_precision {resolved.config.mixed_precision}")
     if args.dry_run:
@@ -71,6 +74,25 @@ def launch_command(args: argparse.Namespace) -> int:
     if _is_console_command():
         _exit_now(code)
     return code
+
+
+def _check_module(name: str) -> None:
+    """``-m NAME``: the module must be importable from here, as the workers will import it."""
+    import importlib.util
+    import os
+
+    from torchbay.errors import ConfigError
+
+    sys.path.insert(0, os.getcwd())
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    finally:
+        sys.path.pop(0)
+    if not found:
+        raise ConfigError(f"module '{name}' (given with -m) cannot be imported from {os.getcwd()}; check its name, "
+                          f"install it, or run from the folder that holds it", header="nothing to launch")
 
 
 def script_args_as_given(args: argparse.Namespace) -> list[str]:

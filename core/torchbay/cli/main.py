@@ -23,7 +23,8 @@ def apply_plugin_flags(argv: list[str]) -> list[str]:
     while argv and (argv[0] == "-p" or (argv[0].startswith("-p") and not argv[0].startswith("--"))):
         if argv[0] == "-p":
             if len(argv) < 2:
-                raise SystemExit("torchbay: error: -p needs a plugin name (-p NAME or -p no:NAME)")
+                print("torchbay: error: -p needs a plugin name (-p NAME or -p no:NAME)", file=sys.stderr)
+                raise SystemExit(2)
             value, argv = argv[1], argv[2:]
         else:
             value, argv = argv[0][2:], argv[1:]
@@ -47,6 +48,10 @@ class Parser(argparse.ArgumentParser):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
 
+    def error(self, message: str):
+        """One line, exit code 2 (argparse would print the whole usage first)."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
     from torchbay.plugins import get_plugin_manager
@@ -64,7 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # command not built yet
             raise
         module.register(subparsers)
-    get_plugin_manager().hook.torchbay_add_commands.call_historic(kwargs={"subparsers": subparsers})
+    pm = get_plugin_manager()
+    pm.hook.torchbay_add_commands.call_historic(kwargs={"subparsers": subparsers})
+    try:  # surface every plugin failure now (one warning each), so that --help can list them too
+        pm.registries()
+        pm.config_sections()
+    except TorchbayError:
+        pass
+    failed = pm.failed_plugins()
+    if failed:
+        parser.epilog = ("plugins that failed and are disabled for this run: " +
+                         ", ".join(f"{i.name} ({i.distribution}, {i.hook}: {i.error})" for i in failed) +
+                         "; see torchbay plugins")
     return parser
 
 

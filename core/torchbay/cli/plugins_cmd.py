@@ -15,18 +15,19 @@ def register(subparsers) -> None:
 
 
 def rows(pm) -> list[dict]:
+    rows_error = ""
     try:
-        pm.registries()  # fills "registers"
-    except Exception as exc:  # a clash between plugins: still list them
+        pm.registries()  # fills "registers"; a plugin failing here is marked failed
+        pm.config_sections()
+    except Exception as exc:  # never hide the table
         rows_error = f"{type(exc).__name__}: {exc}"
-    else:
-        rows_error = ""
     out = []
     for info in sorted(pm.infos.values(), key=lambda i: (i.status != "builtin", i.name)):
         hooks = [h.removeprefix("torchbay_") for h in pm.hooks_of(info.name)]
         out.append({"name": info.name, "distribution": info.distribution, "version": info.version,
                     "status": info.status, "hooks": hooks, "registers": sorted(set(info.registers)),
-                    "error": info.error or ""})
+                    "error": (f"in {info.hook}: " if info.hook and info.hook not in ("import", "registration")
+                              else "") + (info.error or "")})
     if rows_error:
         out.append({"name": "(registries)", "distribution": "", "version": "", "status": "failed", "hooks": [],
                     "registers": [], "error": rows_error})

@@ -1,0 +1,29 @@
+"""Run by torchbay launch in tests: rank BAD misbehaves while the others wait in a barrier.
+
+``sleep``: it never reaches the barrier; ``exit0``: it leaves early with exit code 0. A fourth
+argument sets the process-group timeout through Accelerate's ``InitProcessGroupKwargs``."""
+import os
+import sys
+import time
+from datetime import timedelta
+
+from torchbay import Accelerator, InitProcessGroupKwargs
+
+out_dir, mode, bad = sys.argv[1], sys.argv[2], int(sys.argv[3])
+handlers = [InitProcessGroupKwargs(timeout=timedelta(seconds=float(sys.argv[4])))] if len(sys.argv) > 4 else []
+acc = Accelerator(kwargs_handlers=handlers)
+rank = acc.process_index
+with open(os.path.join(out_dir, f"timeout{rank}"), "w") as f:
+    f.write(str(acc.config.process_group_timeout_s))
+acc.wait_for_everyone()  # every rank is connected
+
+
+def load_my_shard():
+    time.sleep(300)  # stands for a rank stuck in its own work
+
+
+if rank == bad and mode == "sleep":
+    load_my_shard()
+if rank == bad and mode == "exit0":
+    sys.exit(0)
+acc.wait_for_everyone()
