@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from torchbay import Accelerator, CheckpointError, ProjectConfiguration
-from torchbay.checkpoint_dir import MANIFEST, PARTIAL_MARKER, file_record
+from torchbay.checkpoint_dir import MANIFEST, PARTIAL_MARKER, file_record, wait_for_removals
 
 
 def build(**kwargs):
@@ -40,7 +40,13 @@ def same(model, weights):
 
 
 def tree(path):
+    wait_for_removals()  # a replaced checkpoint is removed in the background
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def listing(path):
+    wait_for_removals()
+    return sorted(os.listdir(path))
 
 
 def forge(directory, name, obj):
@@ -111,7 +117,7 @@ def test_links_files_and_foreign_files_beside_a_checkpoint_are_refused(tmp_path)
     with pytest.raises(CheckpointError, match=r"holds a torchbay checkpoint and also files torchbay did not write \(mine.txt\)"):
         acc.save_state(str(tmp_path / "ck"))
     assert (tmp_path / "ck" / "mine.txt").read_text() == "keep me" and (tmp_path / "file").read_text() == "x"
-    assert sorted(os.listdir(tmp_path)) == ["ck", "file", "link"]
+    assert listing(tmp_path) == ["ck", "file", "link"]
 
 
 def test_an_empty_directory_and_an_earlier_checkpoint_are_replaced(tmp_path):
@@ -123,7 +129,7 @@ def test_an_empty_directory_and_an_earlier_checkpoint_are_replaced(tmp_path):
     train(acc, model, opt)
     second = snapshot(model)
     acc.save_state(str(tmp_path / "ck"))  # replaces its own earlier checkpoint
-    assert sorted(os.listdir(tmp_path)) == ["ck", "empty"]
+    assert listing(tmp_path) == ["ck", "empty"]
     acc.load_state(str(tmp_path / "empty"))
     assert same(model, first)
     acc.load_state(str(tmp_path / "ck"))
@@ -182,7 +188,7 @@ def test_a_crash_between_the_renames_is_named_by_load_and_finished_by_the_next_s
     train(acc, model, opt)
     latest = snapshot(model)
     acc.save_state(str(tmp_path / "ck"))  # publishes the interrupted save, then this one
-    assert sorted(os.listdir(tmp_path)) == ["ck"]
+    assert listing(tmp_path) == ["ck"]
     train(acc, model, opt)
     acc.load_state(str(tmp_path / "ck"))
     assert same(model, latest)
@@ -203,7 +209,7 @@ def test_an_unfinished_partial_is_removed_and_the_previous_checkpoint_kept(tmp_p
     acc.load_state(str(tmp_path / "ck"))
     assert same(model, previous)
     acc.save_state(str(tmp_path / "ck"))
-    assert sorted(os.listdir(tmp_path)) == ["ck"]
+    assert listing(tmp_path) == ["ck"]
 
 
 def test_a_users_directory_with_torchbays_temporary_names_is_never_touched(tmp_path):
@@ -316,7 +322,7 @@ def test_save_model_leaves_no_file_of_an_earlier_save(tmp_path):
         for p in model.parameters():
             p.add_(1.0)
     acc.save_model(model, str(tmp_path / "out"))  # one file now: the old shards and index must go
-    assert sorted(os.listdir(tmp_path / "out")) == sorted([MANIFEST, "model.safetensors"])
+    assert listing(tmp_path / "out") == sorted([MANIFEST, "model.safetensors"])
     state = load_file(str(tmp_path / "out" / "model.safetensors"))
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
 
@@ -359,14 +365,14 @@ def test_a_new_run_continues_after_the_highest_checkpoint_and_rotation_keeps_the
     acc, model, opt = auto(tmp_path)
     acc.save_state()
     acc.save_state()
-    assert sorted(os.listdir(root)) == ["checkpoint_0", "checkpoint_1"]
+    assert listing(root) == ["checkpoint_0", "checkpoint_1"]
     caplog.set_level(logging.INFO, logger="torchbay")
     acc, model, opt = auto(tmp_path)  # a new run, same project
     train(acc, model, opt)
     newest = snapshot(model)
     acc.save_state()
     acc.save_state()
-    assert sorted(os.listdir(root)) == ["checkpoint_2", "checkpoint_3"]
+    assert listing(root) == ["checkpoint_2", "checkpoint_3"]
     continuing = [r.message for r in caplog.records if "saves from checkpoint_2 on" in r.message]
     assert len(continuing) == 1  # said once
     removed = [r.message for r in caplog.records if "removed the old checkpoint" in r.message]
@@ -385,7 +391,7 @@ def test_rotation_never_deletes_a_foreign_or_other_projects_directory(tmp_path):
     acc, model, opt = auto(tmp_path, limit=1)
     for _ in range(3):
         acc.save_state()
-    assert sorted(os.listdir(root)) == ["checkpoint_0", "checkpoint_1", "checkpoint_4"]
+    assert listing(root) == ["checkpoint_0", "checkpoint_1", "checkpoint_4"]
     assert (root / "checkpoint_0" / "mine.txt").read_text() == "keep"
 
 

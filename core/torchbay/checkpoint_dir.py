@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -212,8 +213,8 @@ def remove_own_checkpoint(directory: Path, why: str) -> None:
     """Delete a checkpoint torchbay wrote: only the files its manifest lists, then its empty dirs."""
     if directory.is_symlink() or not directory.is_dir():
         raise CheckpointError(f"will not remove {directory}: it is not a directory torchbay wrote")
-    if not any(directory.iterdir()):
-        directory.rmdir()
+    if not any(p.is_file() or p.is_symlink() for p in directory.rglob("*")):  # empty, or emptied before a crash
+        _remove_empty_dirs(directory)
         return
     manifest = read_manifest(directory)
     foreign = foreign_entries(directory, manifest)
@@ -277,13 +278,31 @@ def publish(partial: Path, final: Path) -> None:
         final.rename(old)
     partial.rename(final)
     fsync_dir(final.parent)
-    if replaced:
+    if replaced:  # unlinking large files is slow: the caller goes on while it happens
+        thread = threading.Thread(target=_remove_in_background, args=(old, final), name="torchbay-remove-old")
+        _removals.append(thread)
+        thread.start()
+
+
+_removals: list[threading.Thread] = []
+
+
+def _remove_in_background(old: Path, final: Path) -> None:
+    try:
         remove_own_checkpoint(old, f"replaced by the new checkpoint at {final}")
-        fsync_dir(final.parent)
+    except (CheckpointError, OSError) as exc:  # the next save to this path retries
+        log.warning("torchbay: could not remove %s after publishing %s: %s", old, final, exc)
+
+
+def wait_for_removals() -> None:
+    """Wait until replaced checkpoints are removed (a non-daemon thread also finishes at exit)."""
+    while _removals:
+        _removals.pop().join()
 
 
 def recover_interrupted_save(final: Path) -> None:
     """Finish or undo a save to ``final`` that a crash interrupted; never loses a complete checkpoint."""
+    wait_for_removals()
     partial, old = siblings(final)
     for path in (partial, old):
         if path.is_symlink() or (path.exists() and not path.is_dir()):

@@ -199,16 +199,22 @@ class Strategy:
         The default writes full state: ``model_{i}`` via ``io`` (from every rank when the io
         is collective, else from the main process) and ``optimizer_{i}.pt`` with ``torch.save``.
         """
+        from concurrent.futures import ThreadPoolExecutor
+
         written: list[str] = []
         model_states = [self.model_state_dict(m) for m in models]
-        if io.collective or self.rank == 0:
-            for i, state in enumerate(model_states):
-                written += io.save_state_dict(state, directory, f"model_{i}")
-        if self.rank == 0:
-            for i, opt in enumerate(optimizers):
-                torch.save(opt.state_dict(), directory / f"optimizer_{i}.pt")
-                written.append(f"optimizer_{i}.pt")
-        return written
+        with ThreadPoolExecutor(max_workers=1) as pool:  # optimizer files are written beside the weights
+            optimizer_files = pool.submit(self._save_optimizers, directory, optimizers if self.rank == 0 else [])
+            if io.collective or self.rank == 0:
+                for i, state in enumerate(model_states):
+                    written += io.save_state_dict(state, directory, f"model_{i}")
+            return written + optimizer_files.result()
+
+    @staticmethod
+    def _save_optimizers(directory: Path, optimizers: list) -> list[str]:
+        for i, opt in enumerate(optimizers):
+            torch.save(opt.state_dict(), directory / f"optimizer_{i}.pt")
+        return [f"optimizer_{i}.pt" for i in range(len(optimizers))]
 
     def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO) -> None:
         from torchbay.errors import CheckpointError
