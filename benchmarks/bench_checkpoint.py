@@ -65,8 +65,10 @@ def main():
     acc = Accelerator()
     model, optimizer = build(args.mb)
     model, optimizer = acc.prepare(model, optimizer)
+    unverified = Accelerator(config={"checkpoint": {"verify": False}})
+    unverified._models, unverified._optimizers = acc._models, acc._optimizers  # the same prepared objects
     work = tempfile.mkdtemp(prefix="bench_checkpoint_", dir=os.environ.get("BENCH_DIR"))
-    times = {k: [] for k in ("raw save", "raw+fsync save", "torchbay save", "raw load", "torchbay load")}
+    times = {k: [] for k in ("raw save", "raw+fsync save", "torchbay save", "raw load", "torchbay load", "... verify off")}
     try:
         for r in range(args.warmup + args.rounds):
             raw_dir, synced_dir, ours = (os.path.join(work, n) for n in ("raw", "synced", "ours"))
@@ -80,7 +82,8 @@ def main():
                 if r >= args.warmup:
                     times[name].append(seconds)
             loads = [("raw load", lambda: raw_load(model, optimizer, raw_dir)),
-                     ("torchbay load", lambda: acc.load_state(ours))]
+                     ("torchbay load", lambda: acc.load_state(ours)),
+                     ("... verify off", lambda: unverified.load_state(ours))]
             for name, fn in (loads if r % 2 == 0 else loads[::-1]):
                 seconds = timed(fn)
                 if r >= args.warmup:
@@ -91,7 +94,7 @@ def main():
     print(f"model {size:.0f} MiB + AdamW state {2 * size:.0f} MiB, {args.rounds} alternating rounds (median s)")
     print(f"{'case':<18}{'seconds':>9}{'ratio to raw':>14}")
     for name, values in times.items():
-        base = times["raw load" if "load" in name else "raw save"]
+        base = times["raw save" if "save" in name else "raw load"]
         ratios = [v / b for v, b in zip(values, base)]
         print(f"{name:<18}{statistics.median(values):>9.3f}{statistics.median(ratios):>14.3f}")
 
