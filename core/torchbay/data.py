@@ -274,8 +274,6 @@ class PreparedDataLoader:
                 sampler = SeedableRandomSampler(sampler.data_source, replacement=sampler.replacement,
                                                 num_samples=sampler._num_samples, seed=seed)
                 inner = BatchSampler(sampler, inner.batch_size, inner.drop_last)
-            elif num > 1 and isinstance(sampler, RandomSampler) and sampler.generator is None:
-                sampler.generator = torch.Generator().manual_seed(seed)  # every process shuffles alike
             self.sampler = sampler
             self.batch_sampler = ShardedBatchSampler(inner, num, index, settings.split_batches, settings.even_batches)
             self.batch_sampler.on_start = self._start_sampling
@@ -292,9 +290,13 @@ class PreparedDataLoader:
         if isinstance(sampler, SeedableRandomSampler) or not isinstance(sampler, RandomSampler):
             return
         resume, self._resume_from = self._resume_from, None
-        if sampler.generator is None:  # one process, no generator: draw the seed RandomSampler would draw
-            seed = resume["sampler_seed"] if resume and "sampler_seed" in resume else \
-                int(torch.empty((), dtype=torch.int64).random_().item())
+        if sampler.generator is None:  # no generator: draw the seed RandomSampler would draw, here
+            if resume and "sampler_seed" in resume:  # drawn before the save: the restored RNG is past it
+                seed = resume["sampler_seed"]
+            else:
+                seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            if not resume and self.settings.num_processes > 1:
+                seed = self.strategy.broadcast_object(seed)  # every process shuffles as process 0 does
             self._epoch_start = {"sampler_seed": seed}
             self._drawn_generator = torch.Generator().manual_seed(seed)
             sampler.generator = self._drawn_generator
@@ -347,7 +349,13 @@ class PreparedDataLoader:
         state = self.gradient_state
         state.begin_dataloader(self)
         try:
-            iterator = iter(self.loader)
+            if self._resume_from is not None:
+                # resuming: the interrupted run drew the iterator's base seed before it saved, and
+                # load_state restored the RNG past that draw; drawing it again would shift the stream
+                with torch.random.fork_rng(devices=[]):
+                    iterator = iter(self.loader)
+            else:
+                iterator = iter(self.loader)
             if self.batch_sampler is None:  # iterable or dispatched: skip by reading
                 for _ in range(skip):
                     next(iterator, None)
