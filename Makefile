@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 PLUGIN_DIRS := $(patsubst %/setup.cfg,%,$(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg))
 NPROC ?= 2
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test compat bench clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml constraints.txt requirements-dev.txt $(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg)
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q tests
+
+# Accelerate 1.15's own test scripts, imports redirected to torchbay, 1 and 2 processes (docs/accelerate-compat.md)
+compat: setup
+	$(PY) tests/compat/run.py
 
 bench: setup
 	$(PY) benchmarks/run_all.py
