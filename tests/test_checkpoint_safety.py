@@ -408,3 +408,21 @@ def test_estimate_memory_counts_only_the_files_a_save_names(tmp_path):
     for name in ("sharded", "single"):
         save_file({"stale": torch.zeros(1000)}, str(tmp_path / name / "model-stale.safetensors"))
         assert count_safetensors(tmp_path / name)["parameters"] == expected
+
+
+def test_no_code_path_unpickles_outside_the_safe_loader():
+    """Every pickle read of torchbay and its plugins goes through torchbay.safe_load."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    pattern = re.compile(r"torch\.load\(|pickle\.loads?\(|weights_only\s*=\s*False|\bUnpickler\(")
+    offenders = []
+    for path in [*root.glob("core/torchbay/**/*.py"), *root.glob("plugins/**/*.py")]:
+        if path.name == "safe_load.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if pattern.search(code) and "weights_only=True" not in code:
+                offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)

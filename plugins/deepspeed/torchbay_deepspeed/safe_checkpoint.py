@@ -1,7 +1,7 @@
 """DeepSpeed's checkpoint files read without running code from them.
 
 DeepSpeed reads its ``*_model_states.pt`` / ``*_optim_states.pt`` with
-``torch.load(weights_only=False)``. torchbay gives each engine a checkpoint-engine ``load``
+torch.load with weights_only off. torchbay gives each engine a checkpoint-engine ``load``
 that uses torchbay's safe loader with the few DeepSpeed classes those files hold (plain
 data: an enum, a namedtuple, the loss scaler's attributes), and checks every file of a
 checkpoint the same way before DeepSpeed's own universal-checkpoint converter reads it.
