@@ -21,6 +21,24 @@ if TYPE_CHECKING:  # pragma: no cover
     from torchbay.context import RunContext
 
 
+def _attempt_store(world_size: int, timeout_s: float | None):
+    """Under torchrun's elastic agent, the store of this restart attempt.
+
+    The agent keeps one store for the whole job and tells every attempt's workers to use it
+    (``TORCHELASTIC_USE_AGENT_STORE``) without a per-attempt prefix: after a restart a fast rank
+    could read the addresses the previous attempt's ranks published and fail to connect to a
+    dead process. A prefix per attempt keeps every attempt to its own keys.
+    """
+    import os
+
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+        return None
+    timeout = datetime.timedelta(seconds=timeout_s or 1800)
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"torchbay/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+
+
 class Strategy:
     """One way of running a model across processes.
 
@@ -83,6 +101,9 @@ class Strategy:
             kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
         backend = self.context.config.process_group_backend or self.device_backend.dist_backend()
         kwargs.update(self.device_backend.process_group_kwargs())
+        store = _attempt_store(self.world_size, timeout_s)
+        if store is not None:
+            kwargs["store"] = store
         dist.init_process_group(backend=backend, rank=self.rank, world_size=self.world_size, **kwargs)
         self.owns_process_group = True
 
@@ -216,14 +237,33 @@ class Strategy:
             torch.save(opt.state_dict(), directory / f"optimizer_{i}.pt")
         return [f"optimizer_{i}.pt" for i in range(len(optimizers))]
 
-    def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO) -> None:
-        from torchbay.errors import CheckpointError
+    def read_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO) -> Any:
+        """Read what :meth:`load_checkpoint` restores, changing no object; ``None`` reads nothing ahead.
+
+        torchbay runs it beside the checkpoint's checksum verification and passes the result
+        to ``load_checkpoint(..., read=...)`` once every rank has verified its files. The
+        default reads the full-state files of the default ``load_checkpoint``.
+        """
         from torchbay.safe_load import safe_torch_load
 
-        for i, model in enumerate(models):
+        if type(self).load_checkpoint is not Strategy.load_checkpoint:
+            return None  # a strategy with its own load_checkpoint reads for itself
+        model_states = [None if io.collective else io.load_state_dict(directory, f"model_{i}", device="cpu")
+                        for i in range(len(models))]
+        optimizer_states = [safe_torch_load(directory / f"optimizer_{i}.pt", f"optimizer {i}", trusted=io.trusted)
+                            for i in range(len(optimizers))]
+        return model_states, optimizer_states
+
+    def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO,
+                        read: Any = None) -> None:
+        """Restore models and optimizers from ``directory`` (``read``: what :meth:`read_checkpoint` returned)."""
+        from torchbay.errors import CheckpointError
+
+        model_states, optimizer_states = read or self.read_checkpoint(directory, models, optimizers, io)
+        for i, (model, state) in enumerate(zip(models, model_states)):
             module = self.unwrap_model(model)
-            template = module.state_dict() if io.collective else None
-            state = io.load_state_dict(directory, f"model_{i}", device="cpu", template=template)
+            if state is None:  # a collective io loads in place, into the model's own tensors
+                state = io.load_state_dict(directory, f"model_{i}", device="cpu", template=module.state_dict())
             try:
                 missing, unexpected = module.load_state_dict(state, strict=False)
             except Exception as exc:
@@ -232,8 +272,7 @@ class Strategy:
             if missing or unexpected:
                 raise CheckpointError(f"model {i} in {directory} does not fit the prepared model: missing keys "
                                       f"{missing[:10]}, unexpected keys {unexpected[:10]}")
-        for i, opt in enumerate(optimizers):
-            state = safe_torch_load(directory / f"optimizer_{i}.pt", f"optimizer {i}", trusted=io.trusted)
+        for i, (opt, state) in enumerate(zip(optimizers, optimizer_states)):
             try:
                 opt.load_state_dict(state)
             except Exception as exc:
