@@ -9,6 +9,7 @@ start) pays only for what it touches.
 """
 
 import importlib
+import importlib.util
 
 __version__ = "0.1.0"
 
@@ -31,7 +32,7 @@ _EXPORTS = {
     "torchbay.plugins": ["PluginManager", "get_plugin_manager", "hookimpl"],
     "torchbay.precision": ["Precision"],
     "torchbay.strategy": ["Strategy"],
-    "torchbay.utils": ["get_logger", "set_seed", "tqdm"],
+    "torchbay.utils": ["get_logger", "set_seed", "synchronize_rng_states", "tqdm"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)
@@ -39,7 +40,7 @@ __all__ = sorted(_WHERE)
 
 def __getattr__(name):
     if name not in _WHERE:
-        if name.startswith("_") or name[:1].islower() and not name.startswith(("is_", "check_")):
+        if name.startswith("_") or importlib.util.find_spec(f"torchbay.{name}") is not None:
             raise AttributeError(f"module 'torchbay' has no attribute {name!r}")  # (submodules import as usual)
         compat_names = importlib.import_module("torchbay.compat_names")  # Accelerate names: plugins or refusals
         value = compat_names.resolve(name)

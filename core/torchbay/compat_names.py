@@ -142,11 +142,24 @@ def resolve(name: str) -> Any:
     if plugin is not None:
         if not _has_module(plugin["module"].split(".")[0]):
             refusal(name, f"it comes from the {plugin['install']} plugin: pip install {plugin['install']}")
-        module = importlib.import_module(plugin["module"])
+        try:
+            module = importlib.import_module(plugin["module"])
+        except ImportError:
+            module = None
         if not hasattr(module, name):
             refusal(name, f"the installed {plugin['install']} does not provide it yet")
         return getattr(module, name)
-    advice = table.get("refused", {}).get(name)
-    if advice is not None:
-        refusal(name, advice)
+    entry = unsupported().get(name)
+    if entry is not None:
+        refusal(name, entry["advice"])
     return MISSING
+
+
+@functools.lru_cache(maxsize=None)
+def unsupported() -> dict[str, dict[str, str]]:
+    """``{name: {"status": "refused" | "not-planned", "advice": ...}}`` from the table."""
+    out = {}
+    for group in _table().get("unsupported", []):
+        for name in group["names"]:
+            out[name] = {"status": group["status"], "advice": " ".join(group["advice"].split())}
+    return out

@@ -6,6 +6,7 @@ Re-exported by :mod:`torchbay.utils`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import functools
 import gc
@@ -204,3 +205,146 @@ def find_executable_batch_size(function: Callable | None = None, starting_batch_
                 batch_size = shrink(batch_size)
 
     return run
+
+
+# -- small structure and environment helpers (Accelerate's names) ---------------------------
+class CannotPadNestedTensorWarning(UserWarning):
+    """pad_across_processes met a nested tensor and left it as it is."""
+
+
+class PrecisionType(str, enum.Enum):
+    """The ``mixed_precision`` values."""
+
+    NO = "no"
+    FP8 = "fp8"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+@dataclasses.dataclass
+class TensorInformation:
+    shape: torch.Size
+    dtype: torch.dtype
+
+
+def is_tensor_information(value: Any) -> bool:
+    return isinstance(value, TensorInformation)
+
+
+def is_torch_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def is_namedtuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(value, "_fields")
+
+
+def is_compiled_module(module: Any) -> bool:
+    return hasattr(torch, "_dynamo") and isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+
+
+def is_peft_model(model: Any) -> bool:
+    return type(model).__module__.startswith("peft.")
+
+
+def is_port_in_use(port: int | None = None) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        return s.connect_ex(("localhost", int(port or 29500))) == 0
+
+
+def get_int_from_env(env_keys: list[str], default: int) -> int:
+    for key in env_keys:
+        value = int(os.environ.get(key, -1))
+        if value >= 0:
+            return value
+    return default
+
+
+def get_data_structure(data: Any) -> Any:
+    from torchbay.operations import recursively_apply
+
+    return recursively_apply(lambda t: TensorInformation(shape=t.shape, dtype=t.dtype), data)
+
+
+def initialize_tensors(data_structure: Any) -> Any:
+    from torchbay.operations import recursively_apply
+
+    return recursively_apply(lambda info: torch.empty(*info.shape, dtype=info.dtype), data_structure,
+                             test_type=is_tensor_information)
+
+
+def ignorant_find_batch_size(data: Any) -> int | None:
+    from torchbay.operations import find_batch_size
+
+    try:
+        return find_batch_size(data)
+    except (ValueError, TypeError):
+        return None
+
+
+def recursive_getattr(obj: Any, attr: str) -> Any:
+    return functools.reduce(getattr, [obj, *attr.split(".")])
+
+
+def convert_bytes(size: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if size < 1024.0:
+            return f"{round(size, 2)} {unit}"
+        size /= 1024.0
+    return f"{round(size, 2)} PB"
+
+
+def convert_file_size_to_int(size: int | str) -> int:
+    """``"5GB"`` -> 5 * 10**9 (``"5GiB"`` -> 5 * 2**30)."""
+    if isinstance(size, int):
+        return size
+    text = size.strip().upper()
+    units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9,
+             "TB": 10**12, "B": 1}
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            return int(float(text[:-len(unit)]) * factor)
+    raise ValueError(f"{size!r} is not a size like '5GB' or '500MiB'")
+
+
+def dtype_byte_size(dtype: torch.dtype) -> float:
+    if dtype == torch.bool:
+        return 1 / 8
+    return (torch.finfo(dtype).bits if dtype.is_floating_point or dtype.is_complex else torch.iinfo(dtype).bits) / 8
+
+
+def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
+    """``torch.load`` with ``weights_only=True`` unless told otherwise."""
+    kwargs.setdefault("weights_only", True)
+    return torch.load(f, map_location=map_location, **kwargs)
+
+
+def _current_backend():
+    from torchbay.state import PartialState
+
+    return PartialState()._strategy.device_backend
+
+
+def get_current_device_type() -> str:
+    """The torch device type of this process's device (answered by its device plugin)."""
+    return _current_backend().device.type
+
+
+def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
+    """A loss scaler for this process's device (from its device plugin)."""
+    return _current_backend().grad_scaler(**kwargs)
+
+
+def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwargs: Any = None):
+    """The autocast context of the current ``mixed_precision`` (a null context for ``no``)."""
+    from torchbay.state import AcceleratorState
+
+    precision = AcceleratorState().mixed_precision
+    if not native_amp or precision not in ("fp16", "bf16"):
+        return contextlib.nullcontext()
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+    enabled = getattr(autocast_kwargs, "enabled", True)
+    cache = getattr(autocast_kwargs, "cache_enabled", None)
+    return _current_backend().autocast(dtype, enabled=enabled, cache_enabled=cache)

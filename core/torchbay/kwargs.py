@@ -112,7 +112,7 @@ class ProfileKwargs(KwargsHandler):
 
         activities = None
         if self.activities is not None:
-            table = {a.name.lower(): a for a in tp.ProfilerActivity}
+            table = {n.lower(): a for n, a in tp.ProfilerActivity.__members__.items()}
             unknown = [a for a in self.activities if a.lower() not in table]
             if unknown:
                 from torchbay.errors import ConfigError

@@ -33,11 +33,16 @@ _EXPORTS = {
                         "InitProcessGroupKwargs", "KwargsHandler", "ProfileKwargs", "ProjectConfiguration"],
     "torchbay.state": ["DistributedType"],
     "torchbay.launchers": ["debug_launcher", "notebook_launcher"],
-    "torchbay.helpers": ["RNGType", "check_os_kernel", "clear_environment", "compare_versions",
-                         "extract_model_from_parallel", "find_executable_batch_size", "get_pretty_name",
-                         "is_habana_gaudi1", "is_torch_version", "merge_dicts", "parse_choice_from_env",
-                         "parse_flag_from_env", "patch_environment", "release_memory", "save", "str_to_bool",
-                         "wait_for_everyone"],
+    "torchbay.helpers": ["CannotPadNestedTensorWarning", "PrecisionType", "RNGType", "TensorInformation",
+                         "check_os_kernel", "clear_environment", "compare_versions", "convert_bytes",
+                         "convert_file_size_to_int", "dtype_byte_size", "extract_model_from_parallel",
+                         "find_executable_batch_size", "get_current_device_type", "get_data_structure",
+                         "get_grad_scaler", "get_int_from_env", "get_mixed_precision_context_manager",
+                         "get_pretty_name", "ignorant_find_batch_size", "initialize_tensors", "is_compiled_module",
+                         "is_habana_gaudi1", "is_namedtuple", "is_peft_model", "is_port_in_use",
+                         "is_tensor_information", "is_torch_tensor", "is_torch_version", "load", "merge_dicts",
+                         "parse_choice_from_env", "parse_flag_from_env", "patch_environment", "recursive_getattr",
+                         "release_memory", "save", "str_to_bool", "wait_for_everyone"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted([*_WHERE, "get_logger", "set_seed", "synchronize_rng_state", "synchronize_rng_states", "tqdm"])
