@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from torchbay.plugins import PluginManager
+from torchbay.plugins import PluginManager, hookimpl
 
 HERE = os.path.dirname(__file__)
 FIXTURES = os.path.join(HERE, "fixtures")
@@ -156,3 +156,79 @@ def test_dash_p_loads_and_blocks_plugins_like_pytest(site, tmp_path):
     assert cli("toy-hello", env=off).returncode == 2
     assert "hello from toy" in cli("-p", "toy", "toy-hello", env=off).stdout
     assert "hello from module" in cli("-pmy_module_plugin", "module-hello").stdout
+
+
+# --- isolation of hook implementations (in process) ----------------------------------------------
+
+
+class _Wrapper:
+    def __init__(self, where, exc=RuntimeError):
+        self.where, self.exc, self.calls = where, exc, 0
+
+    @hookimpl(wrapper=True)
+    def torchbay_prepare(self, context, objects):
+        self.calls += 1
+        if self.where == "before":
+            raise self.exc("before")
+        result = yield
+        if self.where == "after":
+            raise self.exc("after")
+        return result
+
+
+class _Plain:
+    @hookimpl
+    def torchbay_prepare(self, context, objects):
+        return ["prepared"]
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_failing_wrapper_is_disabled_and_the_call_goes_on(where, caplog):
+    pm = PluginManager(autoload=False)
+    wrapper = _Wrapper(where, SystemExit)
+    pm.register_plugin(_Plain(), "plain")
+    pm.register_plugin(wrapper, "wrap")
+    assert pm.hook.torchbay_prepare(context=None, objects=[1]) == [["prepared"]]
+    assert pm.infos["wrap"].status == "failed" and pm.infos["wrap"].hook == "torchbay_prepare"
+    assert pm.infos["plain"].status == "loaded"
+    assert pm.hook.torchbay_prepare(context=None, objects=[1]) == [["prepared"]]
+    assert wrapper.calls == 1, "a failed plugin's hooks do nothing afterwards"
+    assert sum("plugin 'wrap'" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_deliberate_errors_and_ctrl_c_are_not_plugin_failures():
+    from torchbay.errors import CheckpointError, PluginError
+
+    pm = PluginManager(autoload=False)
+    pm.register_plugin(_Wrapper("before", CheckpointError), "wrap")
+    with pytest.raises(CheckpointError):
+        pm.hook.torchbay_prepare(context=None, objects=[])
+    assert pm.infos["wrap"].status == "loaded"
+    pm = PluginManager(autoload=False)
+    pm.register_plugin(_Wrapper("after", KeyboardInterrupt), "wrap")
+    with pytest.raises(KeyboardInterrupt):
+        pm.hook.torchbay_prepare(context=None, objects=[])
+    # a plugin the run depends on stops the run with its message
+    pm = PluginManager(autoload=False)
+    pm.register_plugin(_Wrapper("before"), "wrap")
+    pm.selected = {"wrap"}
+    with pytest.raises(PluginError, match="plugin 'wrap' .* failed in torchbay_prepare: RuntimeError: before"):
+        pm.hook.torchbay_prepare(context=None, objects=[])
+
+
+def test_registries_are_collected_builtins_first():
+    from torchbay.builtin.cpu import CPUBackend
+
+    class Impostor(CPUBackend):
+        name = "cpu"
+
+    class Plugin:
+        @hookimpl
+        def torchbay_register_devices(self):
+            return [Impostor]
+
+    pm = PluginManager(autoload=False)
+    pm.register_plugin(Plugin(), "impostor")
+    assert pm.registries()["devices"]["cpu"] is CPUBackend
+    assert pm.infos["impostor"].status == "failed"
+    assert "it registers device 'cpu', which the built-in plugin 'cpu' already provides" in pm.infos["impostor"].message
