@@ -134,3 +134,15 @@ def test_single_strategy_refuses_several_processes(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     with pytest.raises(IncompatibleSetupError, match="strategy 'single' runs one process"):
         Accelerator(strategy="single")
+
+
+def test_process_group_timeout_has_a_default_and_can_be_set(tmp_path):
+    assert resolve_config(environ={}).config.process_group_timeout_s == 600
+    assert resolve_config(file=write(tmp_path, "process_group_timeout_s: 30\n"), environ={}).config \
+        .process_group_timeout_s == 30
+    assert resolve_config(environ={"TORCHBAY_PROCESS_GROUP_TIMEOUT_S": "null"}).config.process_group_timeout_s is None
+
+
+def test_duplicate_yaml_keys_are_refused_with_both_lines(tmp_path):
+    with pytest.raises(ConfigError, match=r"duplicate key 'backend' on lines 2 and 4"):
+        resolve_config(file=write(tmp_path, "fp8:\n  backend: te\n  margin: 1\n  backend: torchao\n"), environ={})
