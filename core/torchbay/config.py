@@ -24,7 +24,8 @@ RESOLVED_ENV = "TORCHBAY_RESOLVED_CONFIG"
 CONFIG_FILE_ENV = "TORCHBAY_CONFIG_FILE"
 #: TORCHBAY_* variables that control torchbay itself rather than set config values
 CONTROL_ENV = {RESOLVED_ENV, CONFIG_FILE_ENV, "TORCHBAY_PLUGINS", "TORCHBAY_DISABLE_PLUGIN_AUTOLOAD",
-               "TORCHBAY_BLOCK_PLUGINS", "TORCHBAY_LOG_LEVEL", "TORCHBAY_TEST_MARKER"}
+               "TORCHBAY_BLOCK_PLUGINS", "TORCHBAY_LOG_LEVEL", "TORCHBAY_TEST_MARKER", "TORCHBAY_RUN_DIR",
+               "TORCHBAY_LAUNCHER_PID"}
 SOURCES = ("default", "file", "env", "cli", "args", "launcher")
 
 #: keys people carry over from other tools or older layouts: where they live now

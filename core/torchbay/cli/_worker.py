@@ -224,7 +224,8 @@ def collect_peer_stacks(timeout: float = 2.0) -> None:
         stack = pid_path[:-4] + ".stack"
         try:
             pid = int(open(pid_path).read())
-            if pid == os.getpid() or os.path.exists(pid_path[:-4] + ".exit") or os.path.getsize(stack) > 0:
+            if pid == os.getpid() or os.path.exists(pid_path[:-4] + ".exit") or os.path.getsize(stack) > 0 \
+                    or _exiting(pid):
                 continue
             os.kill(pid, getattr(signal, STACK_SIGNAL))
             asked.append(stack)
