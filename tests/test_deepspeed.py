@@ -334,7 +334,7 @@ def test_changed_world_size_is_a_clear_error_then_loads_as_universal_checkpoint(
     assert "written by 2 processes and this run has 1" in error
     assert "deepspeed.load_universal: true" in error and "ds_to_universal" in error
     # converted in a temporary directory beside the checkpoint, removed afterwards: the checkpoint is unchanged
-    assert result["engine_dir_after_load"] == ["ds"]
+    assert "ds" in result["engine_dir_after_load"] and "universal" not in result["engine_dir_after_load"]
     assert not [n for n in result["beside_checkpoint"] if "universal" in n]
     assert result["student_vs_saved"] == 0.0  # every full weight back, now in one partition
     assert all(loss == loss and loss < 10 for loss in result["losses"])  # and training goes on

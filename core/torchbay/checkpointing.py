@@ -146,10 +146,12 @@ class StateCheckpointer:
         return safe_torch_load(path, what, trusted=self.trusted)
 
     # -- agreement between ranks ---------------------------------------------------------
-    def on_every_rank(self, what: str, fn: Callable[[], Any], cleanup: Callable[[], None] | None = None) -> list:
-        """Run ``fn`` on every rank and gather the results; if it failed anywhere, raise everywhere.
+    def on_every_rank(self, what: str, fn: Callable[[], Any], cleanup: Callable[[], None] | None = None,
+                      share: bool = False) -> Any:
+        """Run ``fn`` on every rank; if it failed anywhere, raise the same error everywhere.
 
-        ``cleanup`` runs (on every rank) before the error is raised.
+        Returns this rank's result, or every rank's results when ``share``. ``cleanup`` runs
+        (on every rank) before the error is raised.
         """
         error: BaseException | None = None
         result = None
@@ -157,7 +159,8 @@ class StateCheckpointer:
             result = fn()
         except Exception as exc:
             error = exc
-        gathered = self.acc.strategy.all_gather_object((None, _describe(error)) if error else (result, None))
+        message = _describe(error) if error else None
+        gathered = self.acc.strategy.all_gather_object((result if share else None, message))
         failed = [(rank, message) for rank, (_, message) in enumerate(gathered) if message]
         if failed:
             if cleanup is not None:
@@ -167,11 +170,11 @@ class StateCheckpointer:
             messages = sorted({m for _, m in failed})
             where = "" if len(gathered) == 1 else f" on rank {', '.join(str(r) for r, _ in failed)}"
             raise CheckpointError(f"{what} failed{where}: {' | '.join(messages)}") from error
-        return [r for r, _ in gathered]
+        return [r for r, _ in gathered] if share else result
 
     def _main_only(self, what: str, fn: Callable[[], Any], cleanup: Callable[[], None] | None = None) -> Any:
         """``fn`` on the main process; its result (or its error) reaches every rank."""
-        results = self.on_every_rank(what, lambda: fn() if self.acc.is_main_process else None, cleanup)
+        results = self.on_every_rank(what, lambda: fn() if self.acc.is_main_process else None, cleanup, share=True)
         return results[0]
 
     # -- where -----------------------------------------------------------------------
@@ -242,7 +245,7 @@ class StateCheckpointer:
         def write() -> dict:
             return ckdir.record_files(partial, self._write_parts(partial))
 
-        records_per_rank = self.on_every_rank("save_state", write, cleanup=discard)
+        records_per_rank = self.on_every_rank("save_state", write, cleanup=discard, share=True)
 
         def publish() -> None:
             records = {name: rec for recs in records_per_rank for name, rec in recs.items()}
@@ -334,33 +337,53 @@ class StateCheckpointer:
     def load(self, input_dir: str | None = None) -> Path:
         acc = self.acc
         directory = self._main_only("load_state", lambda: self.target_for_load(input_dir))
-        manifest = self.on_every_rank("load_state", lambda: self._check(directory))[0]
-        self.on_every_rank("load_state", lambda: acc.strategy.load_checkpoint(
-            directory, acc._models, acc._optimizers, acc.checkpoint_io))
+        manifest = self.on_every_rank("load_state", lambda: self._check(directory))
+        read = self.on_every_rank("load_state", lambda: self._read_verified(directory, manifest))
+        args = (directory, acc._models, acc._optimizers, acc.checkpoint_io)
+        self.on_every_rank("load_state", lambda: acc.strategy.load_checkpoint(*args) if read is None
+                           else acc.strategy.load_checkpoint(*args, read=read))
         self.on_every_rank("load_state", lambda: self._restore_local(directory, manifest))
         if acc.config.project.automatic_checkpoint_naming and AUTOMATIC_NAME.fullmatch(directory.name):
             acc.save_iteration = int(directory.name.split("_")[1]) + 1
         return directory
 
     def _check(self, directory: Path) -> dict:
-        """Manifest, object counts and this rank's share of the file checksums."""
+        """The manifest, the object counts and every listed file's presence."""
         manifest = ckdir.read_manifest(directory)
         if manifest.get("kind", "state") != "state":
             raise CheckpointError(f"{directory} holds model weights written by save_model, not a training state; "
                                   f"load it with load_checkpoint_in_model or pass a save_state directory")
         self._check_counts(manifest, directory)
-        files = manifest["files"]
-        missing = sorted(name for name in files if not (directory / name).is_file())
+        missing = sorted(name for name in manifest["files"] if not (directory / name).is_file())
         if missing:
             raise CheckpointError(f"{directory} is incomplete: {', '.join(missing[:5])} "
                                   f"{'is' if len(missing) == 1 else 'are'} missing")
-        if self.acc.config.checkpoint.verify:
-            rank, world = self.acc.process_index, self.acc.num_processes
-            problems = ckdir.verify_files(directory, files, sorted(files)[rank::world])
-            if problems:
-                raise CheckpointError(f"{directory} is damaged: {'; '.join(problems[:5])}; nothing was loaded "
-                                      f"(set checkpoint.verify: false only to skip this check on trusted storage)")
         return manifest
+
+    def _read_verified(self, directory: Path, manifest: dict) -> Any:
+        """The strategy's read-ahead, run beside this rank's share of the checksum verification.
+
+        Nothing is restored before every rank has agreed that its share is intact.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        acc = self.acc
+        files = manifest["files"]
+        share = sorted(files)[acc.process_index::acc.num_processes] if acc.config.checkpoint.verify else []
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            verification = pool.submit(ckdir.verify_files, directory, files, share)
+            try:
+                read = acc.strategy.read_checkpoint(directory, acc._models, acc._optimizers, acc.checkpoint_io)
+                read_error = None
+            except Exception as exc:
+                read, read_error = None, exc
+            problems = verification.result()
+        if problems:  # named before any error the damage caused while reading
+            raise CheckpointError(f"{directory} is damaged: {'; '.join(problems[:5])}; nothing was loaded "
+                                  f"(set checkpoint.verify: false only to skip this check on trusted storage)")
+        if read_error is not None:
+            raise read_error
+        return read
 
     def _restore_local(self, directory: Path, manifest: dict) -> None:
         acc = self.acc
