@@ -53,12 +53,16 @@ def read_ranks(out_dir: Path, n: int) -> list[dict]:
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(n)]
 
 
+SCRIPT_ARGS = ["--seed", "99", "--num-processes", "5", "--nproc", "2", "--max", "1", "--monitor", "--project", "x",
+               "--", "--num", "3", "-m", "-q"]
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_cpu_launch_really_runs_n_ranks(tmp_path, n):
     config = tmp_path / "cfg.yaml"
     config.write_text("gradient_accumulation_steps: 3\nseed: 1\n")
     result = launch([f"--num-processes={n}", "--config-file", str(config), "--seed", "7", "--mixed-precision", "bf16",
-                     str(SCRIPTS / "cli_ranks.py"), str(tmp_path), "--seed", "99", "--num-processes", "5"],
+                     str(SCRIPTS / "cli_ranks.py"), str(tmp_path), *SCRIPT_ARGS],
                     CLI_TEST_FAKE_ENV="inherited")
     assert result.returncode == 0, result.stderr[-4000:]
     ranks = read_ranks(tmp_path, n)
@@ -72,7 +76,8 @@ def test_cpu_launch_really_runs_n_ranks(tmp_path, n):
     assert {(r["seed_source"], r["steps_source"]) for r in ranks} == {("cli", "file")}
     assert {r["strategy"] for r in ranks} == {"ddp"}
     # arguments after the script are the script's, even when they look like torchbay flags
-    assert ranks[0]["argv"] == ["--seed", "99", "--num-processes", "5"]
+    # (no abbreviation: --nproc is not --nproc-per-node, for torchbay's parser nor torchrun's; -- is kept)
+    assert ranks[0]["argv"] == SCRIPT_ARGS
     # the plan line says where the process count came from
     assert f"{n} processes on 1 machine" in result.stderr and "--num-processes" in result.stderr
     assert not processes_mentioning(str(tmp_path))
