@@ -349,10 +349,21 @@ def _run_agent(torchrun, args, plan: LaunchPlan, run_dir: str, ChildFailedError)
             print(f"torchbay launch: stopped by signal {getattr(sigval, 'name', sigval)}; every process of the job "
                   f"was stopped", file=sys.stderr, flush=True)
             return 128 + int(sigval)
-        if type(exc).__module__.startswith("torch.distributed.elastic"):
-            raise LaunchError(f"the job could not run: {type(exc).__name__}: {exc}") from None
+        if type(exc).__module__.startswith(("torch.distributed.elastic", "torch.distributed")) or \
+                type(exc).__name__ in ("DistNetworkError", "DistStoreError"):
+            raise LaunchError(f"the job could not run: {type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
+                              f"{_rendezvous_hint(plan)}") from None
         raise
     return 0
+
+
+def _rendezvous_hint(plan: LaunchPlan) -> str:
+    if plan.num_machines <= 1:
+        return ""
+    where = plan.rdzv_endpoint or f"{plan.main_process_ip}:{plan.main_process_port or DEFAULT_STATIC_PORT}"
+    return (f"; every one of the {plan.num_machines} machines must run torchbay launch with the same "
+            f"--num-machines, --nproc-per-node and rendezvous ({where}), each with its own --machine-rank, and "
+            f"reach {where} over the network")
 
 
 def exec_direct(plan: LaunchPlan, env: Mapping[str, str], target: str, target_args: list[str],
