@@ -19,6 +19,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from torchbay import operations
+from torchbay.accelerator_args import AccelerateSurface
+from torchbay.accelerator_args import translate as translate_accelerate_arguments
 from torchbay.accelerator_process import ProcessControl
 from torchbay.checkpointing import StateCheckpointer
 from torchbay.config import ResolvedConfig, resolve_config
@@ -39,7 +41,7 @@ def _explicit_args(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-class Accelerator(ProcessControl):
+class Accelerator(ProcessControl, AccelerateSurface):
     """Runs your own training loop on the configured device, strategy and precision.
 
     Arguments left as ``None`` come from the config sources (defaults < YAML file <
@@ -54,7 +56,8 @@ class Accelerator(ProcessControl):
                  config: dict[str, Any] | ResolvedConfig | None = None, config_file: str | None = None,
                  cpu: bool = False, seed: int | None = None, step_scheduler_with_optimizer: bool | None = None,
                  device_placement: bool | None = None,
-                 gradient_accumulation_plugin: GradientAccumulationPlugin | None = None, log_with: Any = None):
+                 gradient_accumulation_plugin: GradientAccumulationPlugin | None = None, log_with: Any = None,
+                 **accelerate_args: Any):
         if log_with not in (None, [], ()):
             raise ConfigError("log_with: experiment trackers are not part of torchbay yet; log from "
                               "accelerator.is_main_process with your tracker's own API")
@@ -68,6 +71,7 @@ class Accelerator(ProcessControl):
                 raise ConfigError("gradient_accumulation_steps and gradient_accumulation_plugin.num_steps disagree; give one")
             gradient_accumulation_steps = gradient_accumulation_plugin.num_steps
         args = dict(config) if isinstance(config, dict) else {}
+        args.update(translate_accelerate_arguments(accelerate_args))
         args.update(_explicit_args(device="cpu" if cpu else device, strategy=strategy, mixed_precision=mixed_precision,
                                    gradient_accumulation_steps=gradient_accumulation_steps, seed=seed,
                                    step_scheduler_with_optimizer=step_scheduler_with_optimizer,
