@@ -25,8 +25,10 @@ CONSEQUENCE_MARKERS = ("Connection closed by peer", "Connection reset by peer", 
 #: set by torchbay launch for the workers it starts (torchrun mode)
 RUN_DIR_ENV = "TORCHBAY_RUN_DIR"
 LAUNCHER_PID_ENV = "TORCHBAY_LAUNCHER_PID"
-#: the signal on which a worker writes every thread's Python stack to ``<run dir>/rank<R>.stack``
-STACK_SIGNAL = "SIGUSR1"
+#: offset above SIGRTMIN of the signal on which a worker writes every thread's Python stack to
+#: ``<run dir>/rank<R>.a<attempt>.stack``: a real-time signal, so that a script's own SIGUSR1/SIGUSR2
+#: handlers (SLURM pre-emption, Lightning's requeue) are never triggered by it
+STACK_SIGNAL_RT_OFFSET = 3
 _PR_SET_PDEATHSIG = 1
 CONSEQUENCE_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
 
@@ -166,6 +168,13 @@ def die_with_launcher() -> None:
         os._exit(0)
 
 
+def stack_signal() -> int:
+    import signal
+
+    rtmin = getattr(signal, "SIGRTMIN", None)
+    return int(rtmin) + STACK_SIGNAL_RT_OFFSET if rtmin is not None else int(signal.SIGUSR1)
+
+
 def _exiting(pid: int) -> bool:
     """Whether process ``pid`` is gone or on its way out (PF_EXITING is set before any parent-death
     signal is sent)."""
@@ -178,17 +187,16 @@ def _exiting(pid: int) -> bool:
 
 
 def arm_stack_dump() -> None:
-    """Write every thread's Python stack to the rank's stack file on ``STACK_SIGNAL`` (no debugger
+    """Write every thread's Python stack to the rank's stack file on :func:`stack_signal` (no debugger
     needed, works while the rank is blocked in C code), then publish this rank's pid."""
     import faulthandler
-    import signal
 
     path, pid_path = _rank_file("stack"), _rank_file("pid")
     if path is None or pid_path is None:
         return
     try:
         stream = open(path, "w")  # kept open for the life of the process
-        faulthandler.register(getattr(signal, STACK_SIGNAL), file=stream, all_threads=True, chain=False)
+        faulthandler.register(stack_signal(), file=stream, all_threads=True, chain=False)
         globals()["_stack_stream"] = stream
         with open(pid_path + ".tmp", "w") as fp:
             fp.write(str(os.getpid()))
@@ -213,7 +221,6 @@ def collect_peer_stacks(timeout: float = 2.0) -> None:
     """Before a failed rank leaves (and the launcher stops the others): ask every other rank of
     this machine for its Python stack, and wait until each has written it."""
     import glob
-    import signal
 
     run_dir = os.environ.get(RUN_DIR_ENV)
     if not run_dir:
@@ -227,7 +234,7 @@ def collect_peer_stacks(timeout: float = 2.0) -> None:
             if pid == os.getpid() or os.path.exists(pid_path[:-4] + ".exit") or os.path.getsize(stack) > 0 \
                     or _exiting(pid):
                 continue
-            os.kill(pid, getattr(signal, STACK_SIGNAL))
+            os.kill(pid, stack_signal())
             asked.append(stack)
         except (OSError, ValueError):
             continue
