@@ -94,6 +94,19 @@ class CharGPT(nn.Module):
         return idx
 
 
+class EpochsDone:
+    """How many epochs are finished: registered for checkpointing, so a resumed run continues after them."""
+
+    def __init__(self):
+        self.epochs = 0
+
+    def state_dict(self):
+        return {"epochs": self.epochs}
+
+    def load_state_dict(self, state):
+        self.epochs = int(state["epochs"])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--output-dir", default="runs/char_gpt")
@@ -122,10 +135,12 @@ def main():
         model, optimizer, train_loader, val_loader, scheduler)
 
     state_dir = os.path.join(args.output_dir, "state")
-    start_epoch = 0
+    progress = EpochsDone()
+    accelerator.register_for_checkpointing(progress)  # saved and restored with the rest of the state
     if args.resume:
         accelerator.load_state(state_dir)
-        start_epoch = int(open(os.path.join(state_dir, "epoch.txt")).read()) + 1
+    start_epoch = progress.epochs
+    if args.resume:
         logger.info(f"resumed from {state_dir}: continuing at epoch {start_epoch + 1} of {args.epochs}")
     logger.info(f"{accelerator.num_processes} process(es) on {accelerator.device}, strategy "
                 f"{accelerator.distributed_type}, precision {accelerator.mixed_precision}; "
@@ -153,11 +168,10 @@ def main():
                 losses.append(accelerator.gather_for_metrics(per_sample))
         val_loss = torch.cat(losses).mean().item()
         logger.info(f"epoch {epoch + 1}: eval loss {val_loss:.3f} ({val_loss / math.log(2):.2f} bits/char)")
+        progress.epochs = epoch + 1
 
     accelerator.save_state(state_dir)
     if accelerator.is_main_process:
-        with open(os.path.join(state_dir, "epoch.txt"), "w") as f:
-            f.write(str(args.epochs - 1))
         prompt = torch.tensor([list(b"def ")], device=accelerator.device)
         torch.manual_seed(0)
         sample = accelerator.unwrap_model(model).generate(prompt, 160)

@@ -230,7 +230,7 @@ def remove_own_checkpoint(directory: Path, why: str) -> None:
         if path.is_file():
             path.unlink()
     _remove_empty_dirs(directory)
-    log.info("torchbay: removed %s (%s)", directory, why)
+    log.debug("torchbay: removed %s (%s)", directory, why)
 
 
 def _remove_empty_dirs(root: Path) -> None:
