@@ -148,6 +148,11 @@ def base_config(resolved, world_size: int) -> tuple[dict[str, Any], dict[str, st
         except ConfigError as exc:
             return {}, {}, exc.problems
     where_file = f"the DeepSpeed JSON {file_name}"
+    if "bfloat16" in file_cfg:  # DeepSpeed still reads its old name for the bf16 section
+        if "bf16" in file_cfg:
+            problems.append(f"{where_file} has both 'bf16' and its old name 'bfloat16'; keep one ('bf16')")
+        else:
+            file_cfg["bf16"] = file_cfg.pop("bfloat16")
     out = copy.deepcopy(file_cfg)
     for path, _ in leaves(file_cfg):
         origins[dotted(path)] = where_file
@@ -312,3 +317,37 @@ def fill_auto(cfg: dict, *, micro_batch: Optional[tuple[int, str]], world_size: 
     if left:
         problems.append(f"DeepSpeed keys left \"auto\" that torchbay cannot fill: {', '.join(left)}; write values there")
     return cfg, report, problems
+
+
+# --- the device's own limits (checked before launch) -----------------------------------------
+
+
+def fp16_unsupported_reason(torch_type: str, device_backend_cls: Any = None) -> Optional[str]:
+    """Why DeepSpeed's accelerator for ``torch_type`` cannot run fp16 here (as DeepSpeed decides it), or None."""
+    import os
+
+    import torch
+
+    if torch_type == "cpu":
+        try:
+            supported = bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+        except Exception:
+            supported = False
+        return None if supported else "DeepSpeed's CPU accelerator supports fp16 only where oneDNN has fp16 kernels"
+    capability = device_backend_cls.compute_capability(0) if device_backend_cls is not None else None
+    if torch_type == "cuda" and capability is not None and capability[0] < 7 \
+            and os.environ.get("DS_ALLOW_DEPRECATED_FP16", "0") != "1":
+        return f"DeepSpeed refuses fp16 on compute capability {capability[0]}.{capability[1]} (below 7.0)"
+    return None
+
+
+def device_problems(cfg: dict, device_backend_cls: Any) -> list[str]:
+    """Settings of ``cfg`` the selected device cannot run, each as one line with the fix."""
+    if not get_path(cfg, ("fp16", "enabled")):
+        return []
+    torch_type = device_backend_cls.torch_type()
+    reason = fp16_unsupported_reason(torch_type, device_backend_cls)
+    if reason is None:
+        return []
+    return [f"DeepSpeed fp16 cannot run on device '{device_backend_cls.name}': {reason}; use mixed_precision: bf16 "
+            f"(\"bf16\": {{\"enabled\": true}} in the JSON) or no (fp32)"]

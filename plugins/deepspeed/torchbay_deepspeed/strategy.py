@@ -135,7 +135,9 @@ class DeepSpeedStrategy(Strategy):
             problems.append(f"DS_ACCELERATOR is '{os.environ['DS_ACCELERATOR']}' but torchbay's device is "
                             f"'{torch_type}'; unset DS_ACCELERATOR (torchbay sets it) or choose device: "
                             f"{os.environ['DS_ACCELERATOR']}")
-        _, _, found = dsconfig.base_config(context.resolved, context.cluster.world_size())
+        base, _, found = dsconfig.base_config(context.resolved, context.cluster.world_size())
+        if not found:
+            found = dsconfig.device_problems(base, context.device_backend_cls)
         return problems + found
 
     def __init__(self, context):
