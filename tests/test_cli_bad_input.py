@@ -116,6 +116,12 @@ BAD_COMMANDS = {
                                  "fp8 backend 'nosuch' is not installed"),
     "-p without a name": (["-p"], "-p needs a plugin name"),
     "unknown command": (["lauch"], "invalid choice: 'lauch'"),
+    "output in a missing folder": (["config", "--default", "-o", "/nonexistent/dir/x.yaml"],
+                                   "the folder /nonexistent/dir does not exist"),
+    "output is a directory": (["config", "--default", "-o", str(HERE), "--force"], "is a directory; give a file name"),
+    "import output is a directory": (["config", "import-accelerate", str(HERE / "fixtures" / "accelerate" /
+                                                                         "single_cpu.yaml"), "-o", str(HERE)],
+                                     "is a directory; give a file name"),
 }
 
 

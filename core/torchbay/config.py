@@ -171,7 +171,7 @@ def read_text_file(path: str | os.PathLike, what: str = "config file",
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{what} '{path}' is a directory, not a file (set {setting} to a YAML file)")
-    if not path.is_file():
+    if not path.exists():  # a pipe or /dev/stdin is fine: only a name that is not there is refused
         raise ConfigError(f"{what} '{path}' does not exist (set {setting} to a YAML file)")
     try:
         raw = path.read_bytes()

@@ -99,9 +99,18 @@ def validate_command(args: argparse.Namespace) -> int:
 
 
 def _refuse_overwrite(path: str, force: bool) -> None:
+    """Refuse, before anything is written, an output that exists (without --force), is a
+    directory, or lies in a folder that does not exist."""
     from torchbay.errors import ConfigError
 
-    if Path(path).exists() and not force:
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"-o '{path}' is a directory; give a file name, e.g. -o {target / DEFAULT_OUTPUT}",
+                          header="not writing")
+    if not target.absolute().parent.is_dir():
+        raise ConfigError(f"-o '{path}': the folder {target.absolute().parent} does not exist; create it or write "
+                          f"elsewhere", header="not writing")
+    if target.exists() and not force:
         raise ConfigError(f"'{path}' exists; pass --force to overwrite it or -o to write elsewhere",
                           header="not overwriting")
 
