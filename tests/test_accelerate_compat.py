@@ -177,3 +177,17 @@ def test_ddp_kwargs_and_profile_kwargs():
     with ProfileKwargs(activities=["cpu"], record_shapes=True).build() as prof:
         torch.ones(2) + 1
     assert prof.key_averages() is not None
+
+
+def test_fsdp_yaml_without_version_says_it_is_imported_as_fsdp2(tmp_path):
+    from torchbay.accelerate_import import import_file, to_yaml
+
+    path = tmp_path / "acc.yaml"
+    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\n"
+                    "fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n")
+    tree, report = import_file(str(path))
+    (note,) = [line for line in report.lines() if line.startswith("NOTE")]
+    assert "FSDP1" in note and "FSDP2" in note and "fsdp_version: 1" in note
+    assert "# NOTE fsdp_config.fsdp_version is absent" in to_yaml(tree, report, str(path))
+    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n")
+    assert not import_file(str(path))[1].notes

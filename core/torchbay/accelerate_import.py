@@ -36,6 +36,7 @@ class ImportReport:
     ignored: list[tuple[str, Any, str]] = field(default_factory=list)  # (key, value, why)
     not_imported: list[tuple[str, Any, str]] = field(default_factory=list)  # (key, value, why)
     unchecked: list[str] = field(default_factory=list)  # notes on sections no installed plugin checks
+    notes: list[str] = field(default_factory=list)  # imported, but meaning something else than in Accelerate
     problems: list[str] = field(default_factory=list)  # the result does not validate here
 
     def lines(self) -> list[str]:
@@ -46,6 +47,8 @@ class ImportReport:
             out.append(f"ignored      {key} = {value!r} (no effect{': ' + why if why else ''})")
         for key, value, why in self.not_imported:
             out.append(f"NOT IMPORTED {key} = {value!r}: {why}")
+        for note in self.notes:
+            out.append(f"NOTE         {note}")
         for note in self.unchecked:
             out.append(f"unchecked    {note}")
         for problem in self.problems:
@@ -173,6 +176,9 @@ def _convert_section(acc_section: str, spec: dict, body: dict, put, report: Impo
         if "split" in rule and isinstance(value, str):
             value = [part.strip() for part in value.split(rule["split"]) if part.strip()]
         put(name, rule["top"] if "top" in rule else f"{target}.{rule['key']}", value, original)
+    for key, note in (spec.get("absent") or {}).items():
+        if key not in body:
+            report.notes.append(f"{acc_section}.{key} is absent: {' '.join(note.split())}")
     for key, implied in (spec.get("implies") or {}).items():
         current = flat.get(f"{target}.{key}")
         for sub, value in (implied.get(current) or {}).items():
@@ -216,6 +222,8 @@ def to_yaml(tree: dict[str, Any], report: ImportReport, source: str) -> str:
     header = [f"# torchbay config imported from the Accelerate config {source}"]
     for key, value, why in report.not_imported:
         header.append(f"# NOT IMPORTED {key}: {value!r} ({why})")
+    for note in report.notes:
+        header.append(f"# NOTE {note}")
     for note in report.unchecked:
         header.append(f"# unchecked: {note}")
     body = yaml.safe_dump(tree, sort_keys=False) if tree else "{}\n"
