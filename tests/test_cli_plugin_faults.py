@@ -117,7 +117,8 @@ def test_a_selected_plugin_failing_during_the_run_stops_it(site):
             "try:\n    Accelerator(device='{}')\nexcept PluginError as e:\n    print('STOPPED', e)\n"
             "else:\n    print('RAN')\n")
     result = cli(site, "setup-process", code=code.format("faultydev"))
-    assert "STOPPED " + WARNING + " in torchbay_setup_process: SystemExit(3)" in result.stdout, result.stderr
+    assert "STOPPED " + WARNING + " in torchbay_setup_process: SystemExit(3); this run uses it" in result.stdout, \
+        result.stderr
     result = cli(site, "setup-process", code=code.format("cpu"))  # not selected: disabled, the run goes on
     assert "RAN" in result.stdout and WARNING + " in torchbay_setup_process: SystemExit(3)" in result.stderr
 

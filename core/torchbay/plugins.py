@@ -243,7 +243,10 @@ class PluginManager(pluggy.PluginManager):
         info.traceback = "".join(traceback.format_exception(exc))  # type: ignore[attr-defined]
         self._fail(info, hook, _describe(exc))
         if name in self.selected:
-            raise PluginError(info.message) from exc
+            version = f" {info.version}" if info.version and info.version != "?" else ""
+            raise PluginError(f"plugin '{name}' (distribution {info.distribution}{version}) failed in {hook}: "
+                              f"{_describe(exc)}; this run uses it (its device, strategy, precision or checkpoint "
+                              f"io), so the run stops (the plugin's traceback is chained to this error)") from exc
 
     def _fail(self, info: PluginInfo, hook: str, error: str, key: str | None = None, remedy: str = "") -> None:
         if info.status == "failed" and info.message:
