@@ -191,3 +191,22 @@ def test_fsdp_yaml_without_version_says_it_is_imported_as_fsdp2(tmp_path):
     assert "# NOTE fsdp_config.fsdp_version is absent" in to_yaml(tree, report, str(path))
     path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n")
     assert not import_file(str(path))[1].notes
+
+
+def test_backend_names_come_from_their_plugins():
+    pytest.importorskip("torchbay_fsdp")
+    pytest.importorskip("torchbay_deepspeed")
+    from torchbay import utils
+
+    fsdp = utils.FullyShardedDataParallelPlugin(sharding_strategy="SHARD_GRAD_OP", auto_wrap_policy="size_based_wrap",
+                                                min_num_params=10)
+    assert fsdp.to_config() == {"strategy": "fsdp", "fsdp.reshard_after_forward": False, "fsdp.wrap_policy": "size",
+                                "fsdp.min_num_params": 10}
+    with pytest.raises(torchbay.ConfigError, match="HYBRID_SHARD"):
+        utils.FullyShardedDataParallelPlugin(sharding_strategy="HYBRID_SHARD").to_config()
+    ds = torchbay.DeepSpeedPlugin(zero_stage=3, hf_ds_config={"gradient_clipping": 1.0})
+    assert ds.to_config() == {"strategy": "deepspeed", "deepspeed.config": {"gradient_clipping": 1.0},
+                              "deepspeed.zero_stage": 3}
+    acc = Accelerator(fsdp_plugin=utils.FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=False))
+    assert acc.strategy.name == "fsdp" and acc.config.fsdp.reshard_after_forward is False
+    assert callable(utils.merge_fsdp_weights) and utils.DummyOptim.__module__.startswith("torchbay_deepspeed")
