@@ -130,12 +130,13 @@ class PluginManager(pluggy.PluginManager):
             dist = getattr(ep, "dist", None)
             dist_name = dist.metadata["Name"] if dist is not None else "?"
             dist_version = dist.version if dist is not None else "?"
-            if ep.name in self.infos and self.infos[ep.name].distribution == "torchbay":
+            if ep.name in self.infos:  # a built-in's name, or another distribution's entry point
+                owner = self.infos[ep.name].distribution
+                taken = "a built-in plugin" if owner == "torchbay" else f"a plugin of distribution {owner}"
                 info = PluginInfo(ep.name, dist_name, dist_version, "failed")
-                self._fail(info, "entry point", f"its entry-point name '{ep.name}' is the name of a built-in "
-                           f"plugin (blocking that name would block the built-in)",
-                           key=f"{ep.name} ({dist_name})", remedy=f"pip uninstall {dist_name}, or rename the "
-                                                                  f"entry point")
+                self._fail(info, "entry point", f"its entry-point name '{ep.name}' is the name of {taken} "
+                           f"(blocking that name would block both)", key=f"{ep.name} ({dist_name})",
+                           remedy=f"pip uninstall {dist_name}, or rename its entry point")
                 continue
             info = PluginInfo(ep.name, dist_name, dist_version, "loaded")
             self.infos[ep.name] = info
