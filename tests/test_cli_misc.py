@@ -30,15 +30,6 @@ class ReportingPlugin:
     def torchbay_report_env(self):
         return {"fakelib": "9.9.9", "fake device": "not available: no fake card in this machine"}
 
-    @hookimpl
-    def torchbay_estimate_memory(self, config, world_size, counts):
-        if config.strategy != "ddp":
-            return None
-        # pretend a sharded layout: everything divided by world size
-        n = counts["parameters"]
-        return {"strategy": "ddp", "sharding_factor": world_size, "parameters": n * 4 // world_size,
-                "gradients": n * 4 // world_size, "optimizer": n * 8 // world_size}
-
 
 def with_plugin(plugin, name="reporting"):
     pm = PluginManager()
@@ -91,7 +82,7 @@ def test_plugins_table_and_requirements(capsys):
     assert header.split() == ["NAME", "DISTRIBUTION", "VERSION", "STATUS", "HOOKS", "REGISTERS"]
     cpu = next(r for r in rows if r.startswith("cpu "))
     assert "builtin" in cpu and "register_devices" in cpu and "device:cpu" in cpu
-    assert any(r.startswith("reporting ") and "report_env" in r and "estimate_memory" in r for r in rows)
+    assert any(r.startswith("reporting ") and "report_env" in r for r in rows)
     code, out, _ = run(capsys, "plugins", "--requirements")
     assert out.splitlines()[0].startswith("torchbay==")
     assert all("==" in line for line in out.splitlines())
@@ -116,19 +107,20 @@ def tiny_model():
 
 def test_estimate_memory_from_import_path(capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))
-    with_plugin(ReportingPlugin())
     code, out, err = run(capsys, "estimate-memory", "test_cli_misc:tiny_model", "--num-processes", "4",
                          "--format", "json")
     assert code == 0, err
     data = json.loads(out)
     n = 100 * 200 + 200 + 200 * 10 + 10
     assert data["counts"] == {"parameters": n, "trainable": n} and data["world_size"] == 4
-    ddp = {r["precision"]: r for r in data["rows"] if r["strategy"] == "ddp"}
-    assert set(ddp) >= {"no", "fp16", "bf16"}
-    # the plugin's own estimate (sharding factor through the hook) is used, per process
-    assert ddp["bf16"]["parameters"] in (n * 4 // 4, n * 4)
-    code, out, _ = run(capsys, "estimate-memory", "test_cli_misc:tiny_model")
-    assert "PARAMETERS" in out and "single" in out
+    rows = {(r["strategy"], r["precision"]): r for r in data["rows"]}
+    assert {p for s, p in rows if s == "ddp"} >= {"no", "fp16", "bf16"}
+    # each strategy's own estimate: ddp replicates, fsdp shards by 4, deepspeed (ZeRO-2 by default) is there
+    assert rows["ddp", "no"]["parameters"] == n * 4 and rows["ddp", "no"]["optimizer"] == n * 8
+    assert rows["fsdp", "no"]["parameters"] == -(-n // 4) * 4 and rows["fsdp", "no"]["sharding_factor"] == 4
+    assert rows["deepspeed", "bf16"]["note"] == "ZeRO-2" and rows["deepspeed", "bf16"]["gradients"] == n * 2 // 4
+    code, out, _ = run(capsys, "estimate-memory", "test_cli_misc:tiny_model", "--num-processes", "4")
+    assert "PARAMETERS" in out and "deepspeed (ZeRO-2)" in out and "fsdp" in out
 
 
 def test_estimate_memory_from_safetensors(capsys, tmp_path):

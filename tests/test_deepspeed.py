@@ -256,9 +256,8 @@ def test_launch_env_memory_estimate_and_env_report(tmp_path):
                             environ={}).config
     envs = [e for e in pm.hook.torchbay_launch_env(config=config, local_world_size=2) if e]
     assert {"DS_ACCELERATOR": "cpu"} in envs
-    est = [e for e in pm.hook.torchbay_estimate_memory(config=config, world_size=4,
-                                                       counts={"parameters": 1000, "trainable": 1000}) if e]
-    assert est == [{"strategy": "deepspeed (ZeRO-3)", "parameters": 1000, "gradients": 1000, "optimizer": 2000}]
+    est = pm.registries()["strategies"]["deepspeed"].estimate_memory(config, 4, {"parameters": 1000, "trainable": 1000})
+    assert (est.parameters, est.gradients, est.optimizer, est.note) == (1000, 1000, 2000, "ZeRO-3")
     assert any("deepspeed" in r for r in pm.hook.torchbay_report_env() if r)
 
 

@@ -286,9 +286,8 @@ def test_memory_estimate_divides_parameters_gradients_and_optimizer_by_world():
 
     pm = get_plugin_manager()
     config = resolve_config(environ={}, args={"strategy": "fsdp"}, pm=pm).config
-    estimates = [e for e in pm.hook.torchbay_estimate_memory(config=config, world_size=4,
-                                                               counts={"parameters": 1000, "trainable": 1000}) if e]
-    assert {"strategy": "fsdp", "parameters": 1000, "gradients": 1000, "optimizer": 2000} in estimates
+    estimate = pm.registries()["strategies"]["fsdp"].estimate_memory(config, 4, {"parameters": 1000, "trainable": 1000})
+    assert (estimate.parameters, estimate.gradients, estimate.optimizer, estimate.sharding_factor) == (1000, 1000, 2000, 4)
 
 
 def _strategy(**fsdp):

@@ -222,16 +222,6 @@ def torchbay_load_state_extra(context: RunContext, state: dict[str, Any]) -> Non
 
 
 @hookspec
-def torchbay_estimate_memory(config: Any, world_size: int, counts: dict[str, int]) -> dict[str, Any] | None:
-    """Per-process memory estimate of the strategy this plugin provides, if selected.
-
-    :param counts: ``{"parameters": n, "trainable": n}`` of the model.
-    :return: ``{"strategy": name, "parameters": bytes, "gradients": bytes,
-        "optimizer": bytes}`` or ``None`` when ``config.strategy`` is not this plugin's.
-    """
-
-
-@hookspec
 def torchbay_report_env() -> dict[str, Any] | None:
     """Information for ``torchbay env``: backend library versions, devices found, why not.
 

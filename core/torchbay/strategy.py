@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -37,6 +38,21 @@ def _attempt_store(world_size: int, timeout_s: float | None):
     timeout = datetime.timedelta(seconds=timeout_s or 1800)
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False, timeout=timeout)
     return dist.PrefixStore(f"torchbay/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per process for one strategy and precision (activations are not included)."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    sharding_factor: int = 1
+    note: str = ""
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer
 
 
 class Strategy:
@@ -73,6 +89,16 @@ class Strategy:
             problems.append(f"strategy '{cls.name}' needs several processes; launch with "
                             f"torchbay launch --num-processes N")
         return problems
+
+    @classmethod
+    def estimate_memory(cls, config: Any, world_size: int, counts: dict[str, int]) -> MemoryEstimate | None:
+        """Per-process memory of a model with ``counts`` (``parameters``, ``trainable``) under ``config``.
+
+        The default is a full replica per process: fp32 weights and gradients and Adam's two
+        moments. ``None`` means the strategy gives no estimate.
+        """
+        params, trainable = counts["parameters"], counts.get("trainable", counts["parameters"])
+        return MemoryEstimate(parameters=params * 4, gradients=trainable * 4, optimizer=trainable * 8)
 
     # -- process group ------------------------------------------------------------------
     @property

@@ -52,13 +52,3 @@ def torchbay_report_env() -> dict:
     return {"torchbay": _own_version(), "torch": torch.__version__, "python": platform.python_version(),
             "platform": platform.platform(), "torch accelerator":
             str(torch.accelerator.current_accelerator()) if torch.accelerator.is_available() else "none"}
-
-
-@hookimpl
-def torchbay_estimate_memory(config, world_size: int, counts: dict) -> dict | None:
-    strategy = config.strategy if config.strategy != "auto" else ("ddp" if world_size > 1 else "single")
-    if strategy not in ("single", "ddp"):
-        return None
-    params, trainable = counts["parameters"], counts["trainable"]
-    return {"strategy": strategy, "sharding_factor": 1, "parameters": params * 4, "gradients": trainable * 4,
-            "optimizer": trainable * 8}

@@ -3,8 +3,8 @@
 MODEL is a Python path ``package.module:factory`` (a callable returning an ``nn.Module``,
 built on the meta device so no memory is used, or an ``nn.Module`` instance) or a
 safetensors checkpoint (a file, or a folder of ``*.safetensors`` shards; only the headers
-are read). Each installed strategy reports its own per-process numbers through the
-``torchbay_estimate_memory`` hook; activations are not included.
+are read). Each installed strategy reports its own per-process numbers
+(``Strategy.estimate_memory``); activations are not included.
 """
 
 from __future__ import annotations
@@ -137,17 +137,14 @@ def estimate(counts: dict[str, int], resolved, pm, world_size: int) -> list[dict
             continue
         for mode in modes:
             config = resolved.config.model_copy(update={"strategy": name, "mixed_precision": mode})
-            found = [r for r in pm.hook.torchbay_estimate_memory(config=config, world_size=world_size, counts=counts)
-                     if r and r.get("strategy") == name]
-            if not found:
+            found = cls.estimate_memory(config, world_size, counts)
+            if found is None:
                 rows.append({"strategy": name, "precision": mode, "estimate": None,
                              "note": f"plugin '{getattr(cls, '_torchbay_plugin', '?')}' gives no estimate"})
                 continue
-            r = found[0]
-            total = int(r["parameters"]) + int(r["gradients"]) + int(r["optimizer"])
-            rows.append({"strategy": name, "precision": mode, "parameters": int(r["parameters"]),
-                         "gradients": int(r["gradients"]), "optimizer": int(r["optimizer"]), "total": total,
-                         "sharding_factor": r.get("sharding_factor", 1)})
+            rows.append({"strategy": name, "precision": mode, "parameters": found.parameters,
+                         "gradients": found.gradients, "optimizer": found.optimizer, "total": found.total,
+                         "sharding_factor": found.sharding_factor, "note": found.note})
     return rows
 
 
@@ -177,7 +174,8 @@ def estimate_command(args: argparse.Namespace) -> int:
         if r.get("total") is None:
             cells.append((r["strategy"], r["precision"], r["note"], "", "", ""))
         else:
-            cells.append((r["strategy"], r["precision"], _gib(r["parameters"]), _gib(r["gradients"]),
+            label = f"{r['strategy']} ({r['note']})" if r.get("note") else r["strategy"]
+            cells.append((label, r["precision"], _gib(r["parameters"]), _gib(r["gradients"]),
                           _gib(r["optimizer"]), _gib(r["total"])))
     measured = [c for c in cells if c[3]]
     widths = [max(len(h), *(len(c[i]) for c in measured)) if measured else len(h) for i, h in enumerate(headers)]

@@ -75,27 +75,6 @@ def torchbay_prepare(context, objects: list):
 
 
 @hookimpl
-def torchbay_estimate_memory(config: Any, world_size: int, counts: dict[str, int]):
-    if getattr(config, "strategy", None) != "deepspeed":
-        return None
-    section = config.deepspeed
-    stage = section.zero_stage if section.zero_stage is not None else 2
-    half = config.mixed_precision in ("bf16", "fp16")
-    n, trainable = counts.get("parameters", 0), counts.get("trainable", counts.get("parameters", 0))
-    weight_bytes = 2 if half else 4
-    params = n * weight_bytes / (world_size if stage >= 3 else 1)
-    grads = trainable * weight_bytes / (world_size if stage >= 2 else 1)
-    # fp32 master copy (mixed precision) + Adam's two moments
-    optimizer = trainable * (12 if half else 8) / (world_size if stage >= 1 else 1)
-    if section.offload_optimizer_device in ("cpu", "nvme"):
-        optimizer = 0
-    if section.offload_param_device in ("cpu", "nvme"):
-        params = 0
-    return {"strategy": f"deepspeed (ZeRO-{stage})", "parameters": int(params), "gradients": int(grads),
-            "optimizer": int(optimizer)}
-
-
-@hookimpl
 def torchbay_report_env():
     import importlib.metadata as md
 

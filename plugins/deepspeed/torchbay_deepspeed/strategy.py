@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from torchbay.errors import CheckpointError, ConfigError, TorchbayError
 from torchbay.precision import Precision
-from torchbay.strategy import Strategy
+from torchbay.strategy import MemoryEstimate, Strategy
 
 from torchbay_deepspeed import config as dsconfig
 from torchbay_deepspeed.objects import DummyOptim, DummyScheduler, EngineOptimizer, EngineScheduler, PendingEngine
@@ -119,6 +119,25 @@ class DeepSpeedStrategy(Strategy):
     handles_accumulation = True
 
     # -- validation (no deepspeed import) ---------------------------------------------
+    @classmethod
+    def estimate_memory(cls, config, world_size: int, counts: dict[str, int]) -> MemoryEstimate:
+        """Weights, gradients and optimizer state per process for the configured ZeRO stage and offload."""
+        section = config.deepspeed
+        stage = section.zero_stage if section.zero_stage is not None else 2
+        world = max(world_size, 1)
+        half = config.mixed_precision in ("bf16", "fp16")
+        n, trainable = counts["parameters"], counts.get("trainable", counts["parameters"])
+        weight_bytes = 2 if half else 4
+        params = n * weight_bytes / (world if stage >= 3 else 1)
+        grads = trainable * weight_bytes / (world if stage >= 2 else 1)
+        optimizer = trainable * (12 if half else 8) / (world if stage >= 1 else 1)  # fp32 master copy + Adam
+        if section.offload_optimizer_device in ("cpu", "nvme"):
+            optimizer = 0
+        if section.offload_param_device in ("cpu", "nvme"):
+            params = 0
+        return MemoryEstimate(parameters=int(params), gradients=int(grads), optimizer=int(optimizer),
+                              sharding_factor=world if stage >= 1 else 1, note=f"ZeRO-{stage}")
+
     @classmethod
     def check(cls, context) -> list[str]:
         problems = super().check(context)

@@ -61,17 +61,6 @@ def torchbay_add_commands(subparsers):
 
 
 @hookimpl
-def torchbay_estimate_memory(config, world_size, counts):
-    if config.strategy != "fsdp":
-        return None
-    world = max(world_size, 1)
-    n, trainable = counts.get("parameters", 0), counts.get("trainable", counts.get("parameters", 0))
-    shard = lambda numel, nbytes: -(-numel // world) * nbytes  # noqa: E731
-    return {"strategy": "fsdp", "parameters": shard(n, 4), "gradients": shard(trainable, 4),
-            "optimizer": shard(trainable, 8)}  # fp32 shards; Adam's two moments
-
-
-@hookimpl
 def torchbay_report_env():
     import torch
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from torchbay.errors import CheckpointError, TorchbayError
-from torchbay.strategy import Strategy
+from torchbay.strategy import MemoryEstimate, Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.checkpointing import CheckpointIO
@@ -81,6 +81,15 @@ class FSDPStrategy(Strategy):
         self._optimizers: list[Any] = []  # raw optimizers seen by setup, remapped on later prepares
         self._roots: list[torch.nn.Module] = []
         self._mesh = None
+
+    @classmethod
+    def estimate_memory(cls, config, world_size: int, counts: dict[str, int]) -> MemoryEstimate:
+        """fp32 shards of weights, gradients and Adam's two moments: each divided by the world size."""
+        world = max(world_size, 1)
+        n, trainable = counts["parameters"], counts.get("trainable", counts["parameters"])
+        shard = lambda numel, nbytes: -(-numel // world) * nbytes  # noqa: E731
+        return MemoryEstimate(parameters=shard(n, 4), gradients=shard(trainable, 4), optimizer=shard(trainable, 8),
+                              sharding_factor=world)
 
     def setup_environment(self, timeout_s: float | None = None) -> None:
         """Join the process group; with one process, a private one-rank group (FSDP needs a mesh)."""
