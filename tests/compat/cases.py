@@ -119,6 +119,11 @@ SCRIPTS: dict[str, Script] = {
             ("POWER_SGD", "NO", "'matrix_approximation_rank': 2"), ("BATCHED_POWER_SGD", "NO", ""),
             ("BATCHED_POWER_SGD", "FP16", ""), ("BATCHED_POWER_SGD", "BF16", "")]]),
     "test_cli": Script("test_cli.py", "", [], procs=(), main_procs=(1,)),
+    "test_merge_weights": Script("test_merge_weights.py", "", [], procs=(), main_procs=(2,)),
+    # the external_deps scripts other than test_metrics: each listed, none runnable here (see SKIPS)
+    **{name: Script(f"external_deps/{name}.py", "", [], procs=(), main_procs=(2,))
+       for name in ("test_checkpointing", "test_ds_alst_ulysses_sp", "test_ds_multiple_model",
+                    "test_peak_memory_usage", "test_performance", "test_pippy", "test_zero3_integration")},
 }
 
 _ONE_PROCESS_ONLY = "main() runs it only in one process: it checks that no_sync does nothing, true only there"
@@ -152,6 +157,14 @@ SKIPS: dict[tuple[str, str, int | None], str] = {
     ("test_notebook", "test_problematic_imports", None): "needs bitsandbytes (require_bnb)",
     ("test_notebook", "main()", 1): "main() calls the require_multi_process functions too, which Accelerate "
                                     "fails with one process (the deliberate errors are not retried)",
+    ("test_merge_weights", "main()", None):
+        "Accelerate fails it on CPU (FSDP1's state_dict_type is left None: KeyError in torch's set_state_dict_type); "
+        "it also drives accelerate.commands.merge, Accelerate's CLI, which torchbay replaces with `torchbay "
+        "merge-weights` (tests/test_fsdp.py) and merge_fsdp_weights",
+    **{(name, "main()", None): "needs transformers and datasets and downloads models or datasets from the Hugging "
+                               "Face Hub (no network here); Accelerate runs it on GPUs only"
+       for name in ("test_checkpointing", "test_ds_alst_ulysses_sp", "test_ds_multiple_model", "test_peak_memory_usage",
+                    "test_performance", "test_pippy", "test_zero3_integration")},
     **{("test_ddp_comm_hook", case, None): _COMM_HOOK
        for case in [c for c, _ in SCRIPTS["test_ddp_comm_hook"].cases] + ["main()"]},
 }

@@ -85,8 +85,13 @@ def main(argv: list[str]) -> int:
     finally:
         for name in stand_ins:
             sys.modules.pop(name, None)
-    if run_main:
-        module.main()
+    if run_main:  # the whole script: its main(), or its ``if __name__ == "__main__"`` block
+        if hasattr(module, "main"):
+            module.main()
+        else:
+            import runpy
+
+            runpy.run_path(module.__file__, run_name="__main__")
         return 0
     namespace = module.__dict__
     try:
