@@ -310,3 +310,23 @@ def test_sigkill_to_the_launcher_leaves_no_process(tmp_path):
     while processes_mentioning(str(tmp_path)) and time.time() < deadline:
         time.sleep(0.1)
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_ctrl_c_on_a_hung_job_says_where_each_rank_was(tmp_path):
+    proc = subprocess.Popen([*TORCHBAY, "launch", "-q", "--num-processes", "2", str(SCRIPTS / "cli_hang.py"),
+                             str(tmp_path), "sleep", "1", "300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(), cwd=str(HERE))
+    try:
+        _wait_for([tmp_path / "timeout0", tmp_path / "timeout1"])
+        time.sleep(1.5)  # rank 0 waits in the barrier, rank 1 in its own work
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    report = err[err.index("torchbay launch: stopped by signal SIGINT"):]
+    assert "where each rank was:" in report
+    assert "rank 0: in torch.distributed.barrier called at cli_hang.py:" in report, report
+    assert "rank 1: at cli_hang.py:" in report and "in load_my_shard, not in a collective" in report
+    assert not processes_mentioning(str(tmp_path))

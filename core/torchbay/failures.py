@@ -197,6 +197,18 @@ def _describe_rank(story: RankStory) -> str:
     return f"{state} ({what[:110] + '...' if len(what) > 110 else what}{_note(story)})"
 
 
+def describe_stacks(run_dir: str | None) -> list[str]:
+    """``rank R: <where>`` for every rank that wrote a stack dump (the job stopped by a signal)."""
+    _, stacks = read_run_dir(run_dir)
+    lines = []
+    for rank in sorted(stacks):
+        frames = parse_stack_dump(stacks[rank])
+        call = _in_collective(frames)
+        lines.append(f"  rank {rank}: " + (f"in torch.distributed.{call} called at {_where(frames)}" if call
+                                           else f"at {_where(frames)}, not in a collective"))
+    return lines
+
+
 def describe_failures(failures: Mapping[int, Any], plan, run_dir: str | None = None) -> tuple[str, int]:
     """The report printed when ranks failed, naming the cause first; and the exit code to return."""
     exits, stacks = read_run_dir(run_dir)

@@ -19,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -329,10 +331,33 @@ def run_torchrun(plan: LaunchPlan, env: Mapping[str, str], target: str, target_a
     run_dir = tempfile.mkdtemp(prefix="torchbay-run-")
     os.environ.update(env)
     os.environ.update({RUN_DIR_ENV: run_dir, LAUNCHER_PID_ENV: str(os.getpid())})
+    previous = _stop_signals_collect_stacks(run_dir, args)
     try:
         return _run_agent(torchrun, args, plan, run_dir, ChildFailedError)
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _stop_signals_collect_stacks(run_dir: str, args) -> dict:
+    """SIGINT (Ctrl-C on a job that hangs) and SIGTERM: first ask every worker for its Python
+    stack (at most 2 s), then stop the job as torchrun does (its ``SignalException``)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from torchbay.cli._worker import collect_peer_stacks
+
+    def stop(signum, frame):
+        collect_peer_stacks(run_dir=run_dir)
+        raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    handled = [s.strip() for s in (getattr(args, "signals_to_handle", "") or "").split(",") if s.strip()]
+    mine = [s for s in ("SIGINT", "SIGTERM") if s in handled]
+    # torchrun installs its own handlers each time it starts workers: leave it the others
+    args.signals_to_handle = ",".join(s for s in handled if s not in mine)
+    return {getattr(signal, s): signal.signal(getattr(signal, s), stop) for s in mine}
 
 
 def _run_agent(torchrun, args, plan: LaunchPlan, run_dir: str, ChildFailedError) -> int:
@@ -346,8 +371,13 @@ def _run_agent(torchrun, args, plan: LaunchPlan, run_dir: str, ChildFailedError)
     except Exception as exc:
         sigval = getattr(exc, "sigval", None)
         if type(exc).__name__ == "SignalException" and sigval is not None:
+            from torchbay.failures import describe_stacks
+
             print(f"torchbay launch: stopped by signal {getattr(sigval, 'name', sigval)}; every process of the job "
                   f"was stopped", file=sys.stderr, flush=True)
+            lines = describe_stacks(run_dir)
+            if lines:
+                print("\n".join(["where each rank was:"] + lines), file=sys.stderr, flush=True)
             return 128 + int(sigval)
         if type(exc).__module__.startswith(("torch.distributed.elastic", "torch.distributed")) or \
                 type(exc).__name__ in ("DistNetworkError", "DistStoreError"):

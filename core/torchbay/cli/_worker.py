@@ -163,6 +163,10 @@ def die_with_launcher() -> None:
         ready, _, _ = select.select([launcher_fd, worker_fd], [], [])
         # the worker's parent-death signal may wake us before the launcher's pidfd does
         if launcher_fd in ready or _exiting(launcher):
+            if os.environ.get(RUN_DIR_ENV):  # the launcher cannot remove its run directory any more
+                import shutil
+
+                shutil.rmtree(os.environ[RUN_DIR_ENV], ignore_errors=True)
             os.killpg(os.getpgrp(), signal.SIGKILL)
     finally:
         os._exit(0)
@@ -217,16 +221,23 @@ def record_exit(code: int) -> None:
         pass
 
 
-def collect_peer_stacks(timeout: float = 2.0) -> None:
+def collect_peer_stacks(timeout: float = 2.0, run_dir: str | None = None, attempt: str | None = None) -> None:
     """Before a failed rank leaves (and the launcher stops the others): ask every other rank of
-    this machine for its Python stack, and wait until each has written it."""
+    this machine for its Python stack, and wait until each has written it. The launcher calls it
+    too (``run_dir`` given; the latest attempt) when it is stopped by a signal."""
     import glob
+    import re
 
-    run_dir = os.environ.get(RUN_DIR_ENV)
+    run_dir = run_dir or os.environ.get(RUN_DIR_ENV)
     if not run_dir:
         return
     asked = []
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if attempt is None:
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:  # the launcher: the newest attempt there is
+        found = [int(m[1]) for m in (re.search(r"\.a(\d+)\.pid$", p) for p in glob.glob(os.path.join(
+            run_dir, "rank*.pid"))) if m]
+        attempt = str(max(found, default=0))
     for pid_path in glob.glob(os.path.join(run_dir, f"rank*.a{attempt}.pid")):
         stack = pid_path[:-4] + ".stack"
         try:
