@@ -41,8 +41,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(script: _cases.Script, procs: int, accelerate: bool, worker_args: list[str]) -> tuple[list[str], dict]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **script.env}
+def command(script: _cases.Script, procs: int, accelerate: bool, worker_args: list[str],
+            whole_script: bool = False) -> tuple[list[str], dict]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **script.env,
+           "COMPAT_ON_ACCELERATE": "1" if accelerate else "0", "COMPAT_RUN_MAIN": "1" if whole_script else "0"}
     env.pop("TORCHBAY_RESOLVED_CONFIG", None)
     if not script.launched:
         env["ACCELERATE_NUM_PROCESSES"] = str(procs)
@@ -83,7 +85,7 @@ def run_cases(name: str, script: _cases.Script, procs: int, names: list[str], ac
     while remaining:
         with tempfile.TemporaryDirectory(prefix="torchbay-compat-") as tmp:
             out = Path(tmp) / "events"
-            args = [name, str(out)] + (["--accelerate"] if accelerate else []) + remaining
+            args = [name, str(out)] + remaining
             cmd, env = command(script, procs, accelerate, args)
             started = time.time()
             try:
@@ -135,8 +137,8 @@ def run_cases(name: str, script: _cases.Script, procs: int, names: list[str], ac
 def run_main(name: str, script: _cases.Script, procs: int, accelerate: bool, timeout: float,
              verbose: bool) -> tuple[str, str]:
     with tempfile.TemporaryDirectory(prefix="torchbay-compat-") as tmp:
-        args = [name, str(Path(tmp) / "events"), "--main"] + (["--accelerate"] if accelerate else [])
-        cmd, env = command(script, procs, accelerate, args)
+        args = [name, str(Path(tmp) / "events")]
+        cmd, env = command(script, procs, accelerate, args, whole_script=True)
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=tmp)
         except subprocess.TimeoutExpired:

@@ -1,7 +1,7 @@
 """One process of a compatibility run: import an Accelerate test script and run its cases.
 
-``python worker.py SCRIPT OUT_DIR [--accelerate] (--main | CASE ...)``. Without
-``--accelerate`` every ``accelerate`` import is redirected to torchbay first. Each rank appends
+``python worker.py SCRIPT OUT_DIR [CASE ...]`` (``COMPAT_RUN_MAIN=1``: the whole script instead
+of cases). Unless ``COMPAT_ON_ACCELERATE=1``, every ``accelerate`` import is redirected to torchbay first. Each rank appends
 ``{"case", "event": "start"|"end", "ok", "error"}`` lines to ``OUT_DIR/rank<N>.jsonl`` as it
 goes, so a run that hangs still tells which case hung.
 """
@@ -55,10 +55,10 @@ def first_error_line(exc: BaseException) -> str:
 
 
 def main(argv: list[str]) -> int:
-    script_name, out_dir, *rest = argv
-    use_accelerate = "--accelerate" in rest
-    run_main = "--main" in rest
-    case_names = [a for a in rest if not a.startswith("--")]
+    script_name, out_dir, *case_names = argv
+    # modes come by environment: a launcher never mistakes them for its own options
+    use_accelerate = os.environ.get("COMPAT_ON_ACCELERATE") == "1"
+    run_main = os.environ.get("COMPAT_RUN_MAIN") == "1"
     script = _cases.SCRIPTS[script_name]
     if not use_accelerate:
         redirect.install()
