@@ -67,6 +67,8 @@ class Strategy:
     single_process: ClassVar[bool] = True
     #: whether each rank holds only part of the weights (checkpointing must then gather)
     shards_parameters: ClassVar[bool] = False
+    #: whether one process still needs a (private, one-rank) process group
+    needs_process_group: ClassVar[bool] = False
     #: whether the strategy's own backward divides the loss for gradient accumulation
     handles_accumulation: ClassVar[bool] = False
 
@@ -118,15 +120,22 @@ class Strategy:
         return dist.is_available() and dist.is_initialized()
 
     def setup_environment(self, timeout_s: float | None = None) -> None:
-        """Join the process group when there are several processes."""
-        if self.world_size <= 1 or self.distributed:
+        """Join the process group when there are several processes.
+
+        With one process, a strategy that ``needs_process_group`` (a device mesh, a library
+        that insists on one) gets a private one-rank group on an in-memory store.
+        """
+        if self.distributed or (self.world_size <= 1 and not self.needs_process_group):
             return
-        self.cluster.export_torch_env()
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = dict(self.device_backend.process_group_kwargs())
         if timeout_s:
             kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
         backend = self.context.config.process_group_backend or self.device_backend.dist_backend()
-        kwargs.update(self.device_backend.process_group_kwargs())
+        if self.world_size <= 1:
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+            self.owns_process_group = True
+            return
+        self.cluster.export_torch_env()
         store = _attempt_store(self.world_size, timeout_s)
         if store is not None:
             kwargs["store"] = store

@@ -16,7 +16,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -99,12 +98,6 @@ class EngineRecord:
         return self.engine is not None and self.has_optimizer
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _param_ids(obj) -> set:
     if isinstance(obj, torch.nn.Module):
         return {id(p) for p in obj.parameters()}
@@ -117,6 +110,7 @@ class DeepSpeedStrategy(Strategy):
     name = "deepspeed"
     shards_parameters = True
     handles_accumulation = True
+    needs_process_group = True  # DeepSpeed wants a process group even for one process
 
     # -- validation (no deepspeed import) ---------------------------------------------
     @classmethod
@@ -184,15 +178,9 @@ class DeepSpeedStrategy(Strategy):
         for key, value in ds_accelerator_env(self.device_backend.torch_type()).items():
             os.environ.setdefault(key, value)
         backend = self.context.config.process_group_backend or self.device_backend.dist_backend()
-        if self.world_size <= 1 and not self.distributed:
-            # DeepSpeed wants a process group even for one process
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
-            self.cluster.export_torch_env()  # DeepSpeed reads RANK / LOCAL_RANK / WORLD_SIZE too
-            dist.init_process_group(backend=backend, rank=0, world_size=1)
-            self.owns_process_group = True
-        else:
-            super().setup_environment(timeout_s)
+        if self.world_size <= 1:
+            self.cluster.export_torch_env()  # DeepSpeed reads RANK / LOCAL_RANK / WORLD_SIZE even for one process
+        super().setup_environment(timeout_s)
         ds = self.deepspeed
         if self.device_backend.torch_type() == "cpu" and not self.section.cpu_shm_comm:
             import deepspeed.ops

@@ -43,6 +43,7 @@ class FSDPStrategy(Strategy):
     name = "fsdp"
     shards_parameters = True
     handles_accumulation = False
+    needs_process_group = True  # the device mesh needs one, even for one process
 
     # -- validation (no process group, no fsdp import) --------------------------------
     @classmethod
@@ -90,22 +91,6 @@ class FSDPStrategy(Strategy):
         shard = lambda numel, nbytes: -(-numel // world) * nbytes  # noqa: E731
         return MemoryEstimate(parameters=shard(n, 4), gradients=shard(trainable, 4), optimizer=shard(trainable, 8),
                               sharding_factor=world)
-
-    def setup_environment(self, timeout_s: float | None = None) -> None:
-        """Join the process group; with one process, a private one-rank group (FSDP needs a mesh)."""
-        if self.world_size > 1 or self.distributed:
-            return super().setup_environment(timeout_s)
-        backend = self.context.config.process_group_backend or self.device_backend.dist_backend()
-        if hasattr(self.device_backend, "process_group_kwargs"):
-            kwargs: dict[str, Any] = dict(self.device_backend.process_group_kwargs())
-        else:
-            kwargs = {"device_id": self.device_backend.device} if self.device_backend.torch_type() != "cpu" else {}
-        if timeout_s:
-            import datetime
-
-            kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
-        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
-        self.owns_process_group = True
 
     @property
     def mesh(self):
