@@ -26,7 +26,7 @@ demo: setup
 	$(VENV)/bin/torchbay launch --num-processes $(NPROC) examples/char_gpt.py --output-dir runs/char_gpt --epochs 4 --resume
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests plugins
 
 # Accelerate 1.15's own test scripts, imports redirected to torchbay, 1 and 2 processes (docs/accelerate-compat.md)
 compat: setup
