@@ -147,6 +147,10 @@ def run_main(name: str, script: _cases.Script, procs: int, accelerate: bool, tim
             print((proc.stdout + proc.stderr)[-20000:], file=sys.stderr)
         if proc.returncode == 0:
             return "PASS", ""
+        recorded = [e["error"] for events in read_events(Path(tmp) / "events").values() for e in events
+                    if not e.get("ok", True)]
+        if recorded:  # the script did not even import: the worker wrote why
+            return "FAIL", f"import: {recorded[0]}"
         return "FAIL", last_error_line(proc.stderr) or f"exit code {proc.returncode}"
 
 
