@@ -210,3 +210,22 @@ def test_backend_names_come_from_their_plugins():
     acc = Accelerator(fsdp_plugin=utils.FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=False))
     assert acc.strategy.name == "fsdp" and acc.config.fsdp.reshard_after_forward is False
     assert callable(utils.merge_fsdp_weights) and utils.DummyOptim.__module__.startswith("torchbay_deepspeed")
+
+
+def test_split_between_processes_of_a_dataset_like_object():
+    from torchbay.operations import split_between
+
+    class Rows:  # what split_between_processes needs of a datasets.Dataset: len() and select()
+        def __init__(self, rows):
+            self.rows = rows
+
+        def __len__(self):
+            return len(self.rows)
+
+        def select(self, indices):
+            return Rows([self.rows[i] for i in indices])
+
+    data = Rows(list(range(3)))
+    assert [split_between(data, 2, i, False).rows for i in range(2)] == [[0, 1], [2]]
+    assert [split_between(data, 2, i, True).rows for i in range(2)] == [[0, 1], [2, 2]]
+    assert split_between({"a": [1, 2, 3], "b": torch.arange(3)}, 2, 1, True)["b"].tolist() == [2, 2]
