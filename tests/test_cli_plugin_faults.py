@@ -76,13 +76,14 @@ def test_plugins_lists_the_failed_plugin(site, mode):
 
 @pytest.mark.parametrize("mode", ["import-exit", "cli-options", "commands", "config-sections"])
 def test_env_help_and_launch_keep_working(site, mode):
-    for args in (["env"], ["--help"], ["launch", "--help"], ["launch", "--dry-run", "--num-processes", "2", SCRIPT]):
+    for args in (["env"], ["--help"], ["launch", "--dry-run", "--num-processes", "2", SCRIPT]):
         result = cli(site, mode, *args)
         assert result.returncode == 0, (args, result.stderr)
         one_warning(result.stderr, mode)
         if args == ["--help"]:
             assert "plugins that failed and are disabled for this run: faulty (torchbay-faulty" in result.stdout
-    assert "faulty (torchbay-faulty 0.0.7): failed" in cli(site, mode, "env").stdout
+        if args == ["env"]:
+            assert "faulty (torchbay-faulty 0.0.7): failed" in result.stdout
 
 
 def test_clashing_names_leave_the_builtins_selectable(site):
