@@ -277,37 +277,37 @@ class Strategy:
 
         torchbay runs it beside the checkpoint's checksum verification and passes the result
         to ``load_checkpoint(..., read=...)`` once every rank has verified its files. The
-        default reads the full-state files of the default ``load_checkpoint``.
+        default reads the model weights of the default ``load_checkpoint`` (optimizer state
+        is read later, one optimizer at a time, so the two never sit in memory together).
         """
-        from torchbay.safe_load import safe_torch_load
-
         if type(self).load_checkpoint is not Strategy.load_checkpoint:
             return None  # a strategy with its own load_checkpoint reads for itself
-        model_states = [None if io.collective else io.load_state_dict(directory, f"model_{i}", device="cpu")
-                        for i in range(len(models))]
-        optimizer_states = [safe_torch_load(directory / f"optimizer_{i}.pt", f"optimizer {i}", trusted=io.trusted)
-                            for i in range(len(optimizers))]
-        return model_states, optimizer_states
+        return [None if io.collective else io.load_state_dict(directory, f"model_{i}", device="cpu")
+                for i in range(len(models))]
 
     def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO,
                         read: Any = None) -> None:
         """Restore models and optimizers from ``directory`` (``read``: what :meth:`read_checkpoint` returned)."""
         from torchbay.errors import CheckpointError
+        from torchbay.safe_load import safe_torch_load
 
-        model_states, optimizer_states = read or self.read_checkpoint(directory, models, optimizers, io)
-        for i, (model, state) in enumerate(zip(models, model_states)):
+        model_states = read if read is not None else self.read_checkpoint(directory, models, optimizers, io)
+        for i, model in enumerate(models):
             module = self.unwrap_model(model)
+            state, model_states[i] = model_states[i], None  # freed once loaded
             if state is None:  # a collective io loads in place, into the model's own tensors
                 state = io.load_state_dict(directory, f"model_{i}", device="cpu", template=module.state_dict())
             try:
                 missing, unexpected = module.load_state_dict(state, strict=False)
             except Exception as exc:
                 raise CheckpointError(f"model {i} in {directory} does not fit the prepared model: {exc}") from exc
+            del state
             missing = [k for k in missing if not k.endswith("_extra_state")]  # non-tensor state is not in the file
             if missing or unexpected:
                 raise CheckpointError(f"model {i} in {directory} does not fit the prepared model: missing keys "
                                       f"{missing[:10]}, unexpected keys {unexpected[:10]}")
-        for i, (opt, state) in enumerate(zip(optimizers, optimizer_states)):
+        for i, opt in enumerate(optimizers):
+            state = safe_torch_load(directory / f"optimizer_{i}.pt", f"optimizer {i}", trusted=io.trusted)
             try:
                 opt.load_state_dict(state)
             except Exception as exc:
