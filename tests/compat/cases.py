@@ -148,9 +148,6 @@ SKIPS: dict[tuple[str, str, int | None], str] = {
        _SEVERAL_ONLY for s in (True, False) for d in (True, False)},
     ("test_metrics", "test_mrpc", None): "downloads GLUE/MRPC and a BERT checkpoint from the Hugging Face Hub "
                                          "(no network here; main() runs it only on GPUs)",
-    ("test_notebook", "test_clean_cuda_fork", 1): "marked require_multi_process (pytest skips it with 1 process)",
-    ("test_notebook", "test_static_rdzv_backend", 1): "marked require_multi_process",
-    ("test_notebook", "test_c10d_rdzv_backend", 1): "marked require_multi_process",
     ("test_notebook", "test_fault_tolerant", 1): "marked require_multi_process (with one process the function "
                                                  "runs in place and its deliberate error is not retried)",
     ("test_notebook", "test_monitoring", 1): "marked require_multi_process",
