@@ -229,3 +229,10 @@ def test_split_between_processes_of_a_dataset_like_object():
     assert [split_between(data, 2, i, False).rows for i in range(2)] == [[0, 1], [2]]
     assert [split_between(data, 2, i, True).rows for i in range(2)] == [[0, 1], [2, 2]]
     assert split_between({"a": [1, 2, 3], "b": torch.arange(3)}, 2, 1, True)["b"].tolist() == [2, 2]
+
+
+def test_prepare_model_for_evaluation_only_places_and_casts():
+    acc = Accelerator(mixed_precision="bf16")
+    model = acc.prepare_model(torch.nn.Linear(2, 2), evaluation_mode=True)
+    assert isinstance(model, torch.nn.Linear) and model(torch.ones(1, 2)).dtype == torch.float32
+    assert acc._models == []

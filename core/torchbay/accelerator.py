@@ -261,10 +261,20 @@ class Accelerator(ProcessControl, AccelerateSurface):
             inner.forward = operations.convert_outputs_to_fp32(forward) if precision.fp32_outputs else forward
         return model
 
-    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None) -> Any:
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
+                      evaluation_mode: bool = False) -> Any:
+        """Prepare one model; ``evaluation_mode=True`` only places it and applies the precision (no
+        strategy wrapping, as Accelerate does for inference)."""
+        if evaluation_mode:
+            self.state.distributed_type  # noqa: B018 (raises StateResetError after _reset_state())
+            model = self.precision.convert_module(model)
+            if self.config.device_placement if device_placement is None else device_placement:
+                model = model.to(self.device)
+            return self._wrap_forward(model)
         return self.prepare(model)
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> PreparedOptimizer:
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+                          ) -> PreparedOptimizer:
         return self.prepare(optimizer)
 
     def prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
