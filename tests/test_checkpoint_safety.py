@@ -428,3 +428,17 @@ def test_no_code_path_unpickles_outside_the_safe_loader():
             if pattern.search(code) and "weights_only=True" not in code:
                 offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_a_forged_manifest_cannot_make_torchbay_read_or_remove_files_outside_the_checkpoint(tmp_path):
+    acc, model, opt = build()
+    acc.save_state(str(tmp_path / "ck"))
+    (tmp_path / "victim.txt").write_text("keep")
+    manifest = json.loads((tmp_path / "ck" / MANIFEST).read_text())
+    manifest["files"]["../victim.txt"] = file_record(tmp_path / "victim.txt")
+    (tmp_path / "ck" / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"lists file\(s\) outside the checkpoint directory \(../victim.txt\)"):
+        acc.load_state(str(tmp_path / "ck"))
+    with pytest.raises(CheckpointError, match="holds files that are not a torchbay checkpoint"):
+        acc.save_state(str(tmp_path / "ck"))  # not a valid checkpoint any more: refused, not replaced
+    assert (tmp_path / "victim.txt").read_text() == "keep"

@@ -136,10 +136,22 @@ def read_manifest(directory: Path) -> dict[str, Any]:
                               f"torchbay or is damaged")
     files = manifest["files"]
     if isinstance(files, list):  # format 1: names only, nothing to verify
-        manifest["files"] = {name: {} for name in files}
+        manifest["files"] = files = {name: {} for name in files}
     elif not isinstance(files, dict):
         raise CheckpointError(f"{path}: 'files' must map file names to their size and checksum")
+    outside = [name for name in files if not _inside(name)]
+    if outside:
+        raise CheckpointError(f"{path} lists file(s) outside the checkpoint directory ({', '.join(map(str, outside[:3]))}); "
+                              f"torchbay neither reads nor removes them: the manifest is damaged or forged")
     return manifest
+
+
+def _inside(name: Any) -> bool:
+    """A manifest entry is a plain relative path below the checkpoint directory."""
+    if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
+        return False
+    parts = Path(name).parts
+    return not Path(name).is_absolute() and ".." not in parts and "." not in parts and name == Path(name).as_posix()
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
@@ -226,7 +238,7 @@ def remove_own_checkpoint(directory: Path, why: str) -> None:
         raise CheckpointError(f"will not remove {directory} ({why}): it holds files torchbay did not write "
                               f"({', '.join(foreign[:5])})")
     for name in [*manifest["files"], PARTIAL_MARKER, MANIFEST]:
-        path = directory / name
+        path = directory / name  # every name is inside the directory (read_manifest checks) and no link is (foreign)
         if path.is_file():
             path.unlink()
     _remove_empty_dirs(directory)
