@@ -236,3 +236,18 @@ def test_prepare_model_for_evaluation_only_places_and_casts():
     model = acc.prepare_model(torch.nn.Linear(2, 2), evaluation_mode=True)
     assert isinstance(model, torch.nn.Linear) and model(torch.ones(1, 2)).dtype == torch.float32
     assert acc._models == []
+
+
+def test_distributed_type_comes_from_strategy_and_device():
+    from types import SimpleNamespace as NS
+
+    from torchbay.state import distributed_type_for
+
+    cpu, gpu = NS(name="cpu"), NS(name="cuda", accelerate_distributed_type="MULTI_GPU")
+    assert distributed_type_for(NS(name="single", world_size=1), cpu) is DistributedType.NO
+    assert distributed_type_for(NS(name="ddp", world_size=1), gpu) is DistributedType.NO
+    assert distributed_type_for(NS(name="ddp", world_size=2), cpu) is DistributedType.MULTI_CPU
+    assert distributed_type_for(NS(name="ddp", world_size=2), gpu) is DistributedType.MULTI_GPU
+    assert distributed_type_for(NS(name="ddp", world_size=2), NS(name="npu")) is DistributedType.MULTI_NPU
+    assert distributed_type_for(NS(name="fsdp", world_size=2), gpu) is DistributedType.FSDP
+    assert distributed_type_for(NS(name="deepspeed", world_size=1), cpu) is DistributedType.DEEPSPEED

@@ -45,6 +45,8 @@ class DeviceBackend:
     multi_process: ClassVar[bool] = True
     #: whether each process needs a device of its own (collective libraries bind one per process)
     one_process_per_device: ClassVar[bool] = True
+    #: Accelerate's DistributedType member for a multi-process ddp run here (None: MULTI_<NAME>)
+    accelerate_distributed_type: ClassVar[str | None] = None
 
     def __init__(self, local_rank: int = 0):
         self.load_runtime()

@@ -26,6 +26,7 @@ class CUDABackend(DeviceBackend):
 
     name = NAME
     device_type = "cuda"
+    accelerate_distributed_type = "MULTI_GPU"  # Accelerate's name for a multi-process run here
     priority = 100
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     install_hint = ("install a CUDA or ROCm build of torch (https://pytorch.org/get-started/locally/) on a machine "

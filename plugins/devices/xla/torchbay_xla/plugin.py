@@ -64,6 +64,7 @@ class XLABackend(DeviceBackend):
 
     name = NAME
     device_type = "xla"
+    accelerate_distributed_type = "XLA"  # Accelerate's name for a multi-process run here
     priority = 80
     runtime_module = "torch_xla"
     install_hint = ("pip install torchbay-xla[tpu] on a TPU VM (torch_xla of the same version as torch, with libtpu); "
