@@ -330,3 +330,18 @@ def test_ctrl_c_on_a_hung_job_says_where_each_rank_was(tmp_path):
     assert "rank 0: in torch.distributed.barrier called at cli_hang.py:" in report, report
     assert "rank 1: at cli_hang.py:" in report and "in load_my_shard, not in a collective" in report
     assert not processes_mentioning(str(tmp_path))
+
+
+def test_ranks_waiting_inside_backward_are_not_blamed(tmp_path):
+    """Three ranks: 0 and 2 wait in DDP's gradient all-reduce (run by torch's C++ inside
+    backward, no torch.distributed frame); rank 1 never gets there, and only rank 1 is blamed."""
+    result = launch(["-q", "--num-processes", "3", str(SCRIPTS / "cli_hang.py"), str(tmp_path), "backward", "1", "4"],
+                    timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    report = _report(result.stderr)
+    assert report.startswith("torchbay launch: rank 1 never reached the collective"), report
+    where = report[report.index("where each rank was:"):]
+    for rank in (0, 2):
+        assert f"rank {rank}: in backward (DDP's gradient all-reduce runs in it)" in where, report
+    assert "rank 1: at cli_hang.py:" in where and "in load_my_shard, not in a collective" in where
+    assert not processes_mentioning(str(tmp_path))

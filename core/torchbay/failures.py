@@ -36,9 +36,20 @@ def _internal(path: str) -> bool:
 
 
 def _in_collective(frames: list[tuple[str, int, str]]) -> str | None:
-    """The torch.distributed call a stack is inside, or ``None``."""
+    """The collective a stack is waiting in (``torch.distributed.barrier``...), or ``None``.
+
+    Collectives torch runs from C++ count too: DDP's gradient all-reduce inside ``backward``
+    and its buffer broadcast in ``forward``.
+    """
     calls = [func for path, _, func in frames if "/torch/distributed/" in path and func not in ("wrapper", "<lambda>")]
-    return calls[-1] if calls else None  # the outermost torch.distributed function
+    if calls:
+        return f"torch.distributed.{calls[-1]}"  # the outermost torch.distributed function
+    for path, _, func in frames:
+        if "/torch/nn/parallel/distributed.py" in path:
+            return f"DistributedDataParallel.{func} (its buffer broadcast or gradient all-reduce)"
+        if "/torch/autograd/" in path and func in ("backward", "_engine_run_backward", "grad"):
+            return "backward (DDP's gradient all-reduce runs in it)"
+    return None
 
 
 def _where(frames: list[tuple[str, int, str]]) -> str:
@@ -187,10 +198,13 @@ def _describe_rank(story: RankStory) -> str:
     if story.kind() == 1:
         code, when = story.exit
         return f"exited with code {code} at {_at(when)} while other ranks still ran"
-    frames = story.stack or parse_traceback(str(story.extra.get("py_callstack", "")))
+    # a rank that failed on its own is described by its traceback (a stack dump taken while it was
+    # already failing shows only the failure handling); a rank stopped by the launcher by its stack
+    callstack = parse_traceback(str(story.extra.get("py_callstack", "")))
+    frames = (callstack if story.time_ns and callstack else story.stack) or callstack
     call = _in_collective(frames)
     place = _where(frames) if frames else "unknown (no stack)"
-    state = f"in torch.distributed.{call} called at {place}" if call else f"at {place}, not in a collective"
+    state = f"in {call} called at {place}" if call else f"at {place}, not in a collective"
     if story.stopped:
         return f"{state} (stopped by the launcher)"
     what = how(story.failure)
@@ -204,7 +218,7 @@ def describe_stacks(run_dir: str | None) -> list[str]:
     for rank in sorted(stacks):
         frames = parse_stack_dump(stacks[rank])
         call = _in_collective(frames)
-        lines.append(f"  rank {rank}: " + (f"in torch.distributed.{call} called at {_where(frames)}" if call
+        lines.append(f"  rank {rank}: " + (f"in {call} called at {_where(frames)}" if call
                                            else f"at {_where(frames)}, not in a collective"))
     return lines
 

@@ -1,6 +1,7 @@
 """Run by torchbay launch in tests: rank BAD misbehaves while the others wait in a barrier.
 
-``sleep``: it never reaches the barrier; ``exit0``: it leaves early with exit code 0. A fourth
+``sleep``: it never reaches the barrier; ``backward``: it never reaches backward, where the others
+wait in DDP's gradient all-reduce; ``exit0``: it leaves early with exit code 0. A fourth
 argument sets the process-group timeout through Accelerate's ``InitProcessGroupKwargs``."""
 import os
 import sys
@@ -22,6 +23,14 @@ def load_my_shard():
     time.sleep(300)  # stands for a rank stuck in its own work
 
 
+if mode == "backward":  # the others wait in DDP's gradient all-reduce, inside backward (C++, no Python frame)
+    import torch
+
+    model = acc.prepare(torch.nn.Linear(4, 1))
+    loss = model(torch.ones(2, 4)).sum()
+    if rank == bad:
+        load_my_shard()
+    acc.backward(loss)
 if rank == bad and mode == "sleep":
     load_my_shard()
 if rank == bad and mode == "exit0":
