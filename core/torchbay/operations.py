@@ -3,14 +3,13 @@
 ``gather(t)``, ``reduce(t, "sum")``, ``broadcast(t)``... act on the current process group
 through the strategy that ``PartialState`` holds (the latest ``Accelerator``'s, or its own);
 the ``Accelerator`` methods call the ``_``-prefixed forms with its own strategy. In debug mode
-(``PartialState().debug = True`` or ``TORCHBAY_DEBUG_OPERATIONS=1``) the shapes are compared
-across processes first and a mismatch raises :class:`DistributedOperationException`.
+(``PartialState().debug = True``) the shapes are compared across processes first and a
+mismatch raises :class:`DistributedOperationException`.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any, Callable, Mapping
 
 import torch
@@ -74,7 +73,7 @@ def _strategy():
 def _debug() -> bool:
     from torchbay.state import PartialState
 
-    return bool(PartialState().debug) or os.environ.get("TORCHBAY_DEBUG_OPERATIONS", "0") not in ("0", "", "false")
+    return bool(PartialState().debug)
 
 
 def get_shape(data: Any) -> Any:
