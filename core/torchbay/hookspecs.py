@@ -12,6 +12,11 @@ hook call.
 
 Unless a hook says "first result wins", pluggy calls every implementation and returns the
 list of their non-``None`` results.
+
+A third-party implementation that raises (anything but ``KeyboardInterrupt`` or a
+:class:`~torchbay.errors.TorchbayError` raised on purpose) disables its plugin for the run
+with one warning; a run that selected the plugin's device, strategy, precision or checkpoint
+io stops with a :class:`~torchbay.errors.PluginError` instead.
 """
 
 from __future__ import annotations
@@ -99,7 +104,8 @@ def torchbay_config_sections() -> dict[str, type[BaseModel]]:
 
     Each model should use ``extra="forbid"``; the section appears at the top level of the
     config tree (``mysection:`` in YAML, ``TORCHBAY_MYSECTION__KEY`` in the environment,
-    ``Accelerator(config={"mysection": {...}})``). Two plugins claiming one name is an error.
+    ``Accelerator(config={"mysection": {...}})``). A section whose name is a core key or
+    another plugin's section disables the plugin that returned it (see :mod:`torchbay.plugins`).
 
     :return: a mapping of section name to a pydantic model class with defaults.
     """
