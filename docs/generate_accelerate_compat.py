@@ -119,7 +119,7 @@ def render() -> str:
         "  `convert_outputs_to_fp32`), so a loss computed outside the model matches a raw `torch.autocast` loop",
         "  bit for bit; `unwrap_model(model, keep_fp32_wrapper=False)` removes the wrapper.",
         "- `PartialState`/`AcceleratorState` are shared per process (the latest `Accelerator` fills them);",
-        "  `accelerator.gradient_state` belongs to each `Accelerator` (`GradientState()` alone makes a new one).",
+        "  `accelerator.gradient_state` belongs to each `Accelerator`; `GradientState()` gives the latest one's.",
         "- `accelerator.distributed_type` is a `DistributedType` member; torchbay's own name for the strategy",
         "  is `accelerator.strategy.name`.",
         "- Free functions (`gather`, `reduce`, `broadcast`, `pad_across_processes`...) act on the process",

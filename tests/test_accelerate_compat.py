@@ -251,3 +251,11 @@ def test_distributed_type_comes_from_strategy_and_device():
     assert distributed_type_for(NS(name="ddp", world_size=2), NS(name="npu")) is DistributedType.MULTI_NPU
     assert distributed_type_for(NS(name="fsdp", world_size=2), gpu) is DistributedType.FSDP
     assert distributed_type_for(NS(name="deepspeed", world_size=1), cpu) is DistributedType.DEEPSPEED
+
+
+def test_gradient_state_without_arguments_is_the_latest_accelerators():
+    from torchbay import GradientState
+
+    acc = Accelerator(gradient_accumulation_steps=3)
+    assert GradientState() is acc.gradient_state and GradientState().num_steps == 3
+    assert GradientState(2) is not acc.gradient_state

@@ -14,11 +14,24 @@ import torch
 class GradientState:
     """Whether this micro-batch synchronises gradients, and where the data loader is.
 
-    One per ``Accelerator`` (Accelerate's is one per process); ``accelerator.gradient_state``
-    has Accelerate's attribute names (``num_steps``, ``active_dataloader``, ``in_dataloader``...).
+    One per ``Accelerator``; ``GradientState()`` without arguments gives the latest Accelerator's
+    (Accelerate's is one per process). It has Accelerate's attribute names (``num_steps``,
+    ``active_dataloader``, ``in_dataloader``...).
     """
 
-    def __init__(self, accumulation_steps: Any = 1, sync_each_batch: bool = False):
+    def __new__(cls, accumulation_steps: Any = None, sync_each_batch: bool = False):
+        if accumulation_steps is None:  # Accelerate's GradientState(): the latest Accelerator's
+            from torchbay.state import PartialState
+
+            current = PartialState._shared_state.get("_gradient_state")
+            if isinstance(current, cls):
+                return current
+        return super().__new__(cls)
+
+    def __init__(self, accumulation_steps: Any = None, sync_each_batch: bool = False):
+        if accumulation_steps is None and getattr(self, "_ready", False):
+            return  # the shared one, as it is
+        self._ready = True
         if hasattr(accumulation_steps, "num_steps"):  # Accelerate's GradientState(gradient_accumulation_plugin)
             sync_each_batch = getattr(accumulation_steps, "sync_each_batch", False)
             accumulation_steps = accumulation_steps.num_steps
