@@ -148,6 +148,14 @@ class ShardedBatchSampler:
         return group[self.process_index]
 
 
+class BatchSamplerShard(ShardedBatchSampler):
+    """Accelerate's name and defaults for :class:`ShardedBatchSampler`."""
+
+    def __init__(self, batch_sampler: BatchSampler, num_processes: int = 1, process_index: int = 0,
+                 split_batches: bool = False, even_batches: bool = True):
+        super().__init__(batch_sampler, num_processes, process_index, split_batches, even_batches)
+
+
 class IterableShard(IterableDataset):
     """Each process keeps its slice of every ``batch_size * num_processes`` samples."""
 

@@ -228,3 +228,8 @@ class PreparedScheduler:
 
     def __getattr__(self, name):
         return getattr(self.scheduler, name)
+
+
+#: Accelerate's names (accelerate.optimizer / accelerate.scheduler)
+AcceleratedOptimizer = PreparedOptimizer
+AcceleratedScheduler = PreparedScheduler
