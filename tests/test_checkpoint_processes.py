@@ -120,3 +120,15 @@ def test_deepspeed_load_refuses_planted_code_in_its_optimizer_states(tmp_path, s
     (r,) = results(out, 1)
     assert "DeepSpeed checkpoint" in r["error"] and "needs the class posix.system" in r["error"], r["error"]
     assert not (tmp_path / "pwned").exists()
+
+
+def test_each_rank_gets_back_its_own_precision_state(tmp_path, script):
+    run, out = worker(script, tmp_path, "save", 2, "--rank-precision-state")
+    run.check()
+    assert {"precision_rank_0.pt", "precision_rank_1.pt"} <= set(results(out, 2)[0]["files"])
+    run, out = worker(script, tmp_path, "load", 2, "--rank-precision-state")
+    run.check()
+    assert [r["rank_precision_state"] for r in results(out, 2)] == [[[0.0] * 3], [[1.0] * 3]]
+    run, out = worker(script, tmp_path, "load", 2)  # a precision without per-rank state is given None
+    run.check()
+    assert [r["rank_precision_state"] for r in results(out, 2)] == [[], []]

@@ -86,7 +86,12 @@ def test_each_engine_is_its_own_distribution_with_an_entry_point():
     hooks = pm.hooks_of("fp8-torchao")
     assert "torchbay_after_optimizer_step" not in hooks  # a plain Precision method: no per-step hook call
     assert "torchbay_register_precisions" in hooks
-    assert {"torchbay_state_extra", "torchbay_load_state_extra"} <= set(pm.hooks_of("fp8-te"))
+    # TE's per-rank FP8 scaling state is its precision's per-rank state, not a plugin-state hook
+    assert not {"torchbay_state_extra", "torchbay_load_state_extra"} & set(pm.hooks_of("fp8-te"))
+    from torchbay.precision import Precision
+    from torchbay_fp8_te.precision import TransformerEngineFP8Precision
+
+    assert TransformerEngineFP8Precision.rank_state_dict is not Precision.rank_state_dict
     assert {"torchbay_validate", "torchbay_prepare"} <= set(pm.hooks_of("fp8-msamp"))
 
 

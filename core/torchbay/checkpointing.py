@@ -263,6 +263,9 @@ class StateCheckpointer:
         rank = acc.process_index
         files = acc.strategy.save_checkpoint(directory, acc._models, acc._optimizers, acc.checkpoint_io)
         files.append(_torch_save(capture_rng_state(acc.device_backend), directory / f"rng_state_{rank}.pt"))
+        rank_precision = acc.precision.rank_state_dict()
+        if rank_precision is not None:
+            files.append(_torch_save(rank_precision, directory / f"precision_rank_{rank}.pt"))
         if acc.is_main_process:
             for i, scheduler in enumerate(acc._schedulers):
                 files.append(_torch_save(scheduler.state_dict(), directory / f"scheduler_{i}.pt"))
@@ -395,21 +398,30 @@ class StateCheckpointer:
         self._restore("precision", acc.precision.load_state_dict, self._load(directory / "precision.pt", "precision"))
         acc._load_training_state(self._load(directory / "training_state.pt", "training state"))
         rank = acc.process_index
-        rng_file = directory / f"rng_state_{rank}.pt"
         saved_world = int(manifest.get("world_size", 1))
-        if not rng_file.exists() and rank >= saved_world:
-            # more processes than saved it: the strategy has restored (or refused) the weights; this
-            # rank takes the RNG stream of a saved rank, so its random draws repeat that rank's
-            rng_file = directory / f"rng_state_{rank % saved_world}.pt"
-            log.warning("rank %d: the checkpoint was written by %d process(es); this rank resumes with the RNG "
-                        "state of rank %d", rank, saved_world, rank % saved_world)
+        rng_file = self._rank_file(directory, "rng_state_{}.pt", saved_world, "RNG state")
         if not rng_file.exists():
             raise CheckpointError(f"RNG state of rank {rank} is missing from {directory} ({rng_file.name})")
         restore_rng_state(self._load(rng_file, f"RNG state of rank {rank}"), acc.device_backend)
+        precision_file = self._rank_file(directory, "precision_rank_{}.pt", saved_world, "precision state")
+        self._restore("precision (this rank's state)", acc.precision.load_rank_state_dict,
+                      self._load(precision_file, "precision") if precision_file.exists() else None)
         extra_file = directory / f"plugin_state_{rank}.pt"
         if acc.pm.hook.torchbay_load_state_extra.get_hookimpls():
             extras = self._load(extra_file, "plugin state") if extra_file.exists() else {}
             acc.pm.hook.torchbay_load_state_extra(context=acc.context, state=extras)
+
+    def _rank_file(self, directory: Path, pattern: str, saved_world: int, what: str) -> Path:
+        """This rank's file; with more processes than saved the checkpoint, a saved rank's (with a warning)."""
+        rank = self.acc.process_index
+        path = directory / pattern.format(rank)
+        fallback = directory / pattern.format(rank % saved_world)
+        if not path.exists() and rank >= saved_world and fallback.exists():
+            # the strategy has restored (or refused) the weights; this rank repeats a saved rank's stream
+            path = fallback
+            log.warning("rank %d: the checkpoint was written by %d process(es); this rank resumes with the %s of "
+                        "rank %d", rank, saved_world, what, rank % saved_world)
+        return path
 
     def _check_counts(self, manifest: dict, directory: Path) -> None:
         acc = self.acc
@@ -425,5 +437,7 @@ class StateCheckpointer:
     def _restore(what: str, load, state) -> None:
         try:
             load(state)
+        except CheckpointError:
+            raise
         except Exception as exc:
             raise CheckpointError(f"{what} could not be restored: {type(exc).__name__}: {exc}") from exc

@@ -87,10 +87,18 @@ class Precision:
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """State shared by every rank (saved once, by the main process)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+    def rank_state_dict(self) -> dict[str, Any] | None:
+        """State that differs between ranks (e.g. FP8 scaling history), saved by every rank; ``None``: none."""
+        return None
+
+    def load_rank_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Restore :meth:`rank_state_dict`; ``state`` is ``None`` when the checkpoint holds none for this rank."""
 
     def describe(self) -> str:
         return self.name

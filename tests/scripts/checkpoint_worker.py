@@ -20,6 +20,7 @@ p.add_argument("--ckpt", required=True)
 p.add_argument("--out", required=True)
 p.add_argument("--io", default="safetensors")
 p.add_argument("--strategy", default="auto")
+p.add_argument("--rank-precision-state", action="store_true", help="the precision keeps per-rank state")
 args = p.parse_args()
 
 config = {"checkpoint": {"io": args.io}}
@@ -30,6 +31,10 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
 optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
 model, optimizer = acc.prepare(model, optimizer)
+restored_rank_states = []
+if args.rank_precision_state:  # as an FP8 engine's scaling history: different on every rank
+    acc.precision.rank_state_dict = lambda: {"history": torch.full((3,), float(acc.process_index))}
+    acc.precision.load_rank_state_dict = restored_rank_states.append
 
 
 def train(steps):
@@ -63,6 +68,7 @@ if args.mode == "load":
     try:
         acc.load_state(args.ckpt)
         result["error"] = ""
+        result["rank_precision_state"] = [s["history"].tolist() if s else None for s in restored_rank_states]
     except CheckpointError as exc:
         result["error"] = str(exc)
 with open(os.path.join(args.out, f"result_rank{acc.process_index}.json"), "w") as f:

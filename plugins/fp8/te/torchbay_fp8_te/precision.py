@@ -8,7 +8,7 @@
 - The forward runs under TE's FP8 autocast with the recipe of the ``fp8`` section (see
   :mod:`torchbay_fp8_te.recipes`), inside a bf16 autocast when ``fp8.outer_autocast``.
 - Every TE module's FP8 scaling state (amax history, scales) is saved per rank by
-  ``save_state`` and restored exactly by ``load_state`` (plugin state ``fp8_te``).
+  ``save_state`` and restored exactly by ``load_state`` (per-rank precision state).
 """
 
 from __future__ import annotations
@@ -200,7 +200,10 @@ class TransformerEngineFP8Precision(Precision):
                                       f"which torchbay cannot save safely")
         return {"recipe": self.recipe_spec[0], "modules": modules, "kinds": kinds}
 
-    def load_scaling_state(self, state: dict[str, Any]) -> None:
+    def load_scaling_state(self, state: dict[str, Any] | None) -> None:
+        if state is None:
+            raise CheckpointError("fp8 (te): the checkpoint holds no Transformer Engine FP8 scaling state for this "
+                                  "rank (precision_rank_<r>.pt); was it saved with fp8.backend: te?")
         if state.get("recipe") != self.recipe_spec[0]:
             raise CheckpointError(f"fp8 (te): the checkpoint's FP8 state is for recipe {state.get('recipe')!r}, this "
                                   f"run uses {self.recipe_spec[0]!r}; resume with the same fp8.recipe")
@@ -219,6 +222,10 @@ class TransformerEngineFP8Precision(Precision):
             except Exception as exc:
                 raise CheckpointError(f"fp8 (te): FP8 state of module {key} could not be restored: "
                                       f"{type(exc).__name__}: {exc}") from exc
+
+    # each rank's amax history and scales differ: saved per rank
+    rank_state_dict = scaling_state
+    load_rank_state_dict = load_scaling_state
 
     def state_dict(self) -> dict[str, Any]:
         name, kwargs = self.recipe_spec
