@@ -65,8 +65,6 @@ class Strategy:
     name: ClassVar[str] = ""
     multi_process: ClassVar[bool] = True
     single_process: ClassVar[bool] = True
-    #: whether each rank holds only part of the weights (checkpointing must then gather)
-    shards_parameters: ClassVar[bool] = False
     #: whether one process still needs a (private, one-rank) process group
     needs_process_group: ClassVar[bool] = False
     #: whether the strategy's own backward divides the loss for gradient accumulation
@@ -175,10 +173,6 @@ class Strategy:
         return getattr(model, "module", model) if self.is_wrapped(model) else model
 
     def is_wrapped(self, model: Any) -> bool:
-        return False
-
-    def owns_optimizer_step(self, optimizer: Any) -> bool:
-        """True when the strategy's engine steps this optimizer itself (no scaler use)."""
         return False
 
     def backward(self, loss: torch.Tensor, model: Any = None, **kwargs) -> None:

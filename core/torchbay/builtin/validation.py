@@ -6,9 +6,6 @@ import platform
 
 from torchbay.plugins import hookimpl
 
-BYTES_PER_PARAM = {"no": 4, "fp16": 4, "bf16": 4, "fp8": 4}  # torch.amp keeps fp32 master weights
-
-
 @hookimpl
 def torchbay_validate(context) -> list[str]:
     config = context.config

@@ -108,7 +108,6 @@ class DeepSpeedStrategy(Strategy):
     """DeepSpeed ZeRO stages 0-3 with offload; each model its own engine and config."""
 
     name = "deepspeed"
-    shards_parameters = True
     handles_accumulation = True
     needs_process_group = True  # DeepSpeed wants a process group even for one process
 
@@ -339,9 +338,6 @@ class DeepSpeedStrategy(Strategy):
             if model is rec.engine or model is rec.pending:
                 return rec.module
         return model
-
-    def owns_optimizer_step(self, optimizer: Any) -> bool:
-        return True
 
     # -- every step ------------------------------------------------------------------------
     def _sync(self) -> bool:

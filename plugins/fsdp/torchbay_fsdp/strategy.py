@@ -41,7 +41,6 @@ class FSDPStrategy(Strategy):
     """Shard parameters, gradients and optimizer state across the processes."""
 
     name = "fsdp"
-    shards_parameters = True
     handles_accumulation = False
     needs_process_group = True  # the device mesh needs one, even for one process
 
