@@ -15,7 +15,7 @@ record = {"rank": acc.process_index, "world": acc.num_processes, "local_rank": a
           "mixed_precision": acc.mixed_precision, "gradient_accumulation_steps": acc.gradient_accumulation_steps,
           "seed": acc.config.seed, "seed_source": acc.context.resolved.source_of("seed"),
           "steps_source": acc.context.resolved.source_of("gradient_accumulation_steps"),
-          "strategy": acc.distributed_type, "has_resolved_env": "TORCHBAY_RESOLVED_CONFIG" in os.environ,
+          "strategy": acc.strategy.name, "has_resolved_env": "TORCHBAY_RESOLVED_CONFIG" in os.environ,
           "fake_env": os.environ.get("CLI_TEST_FAKE_ENV")}
 with open(os.path.join(out_dir, f"rank{acc.process_index}.json"), "w") as f:
     json.dump(record, f)
