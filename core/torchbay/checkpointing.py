@@ -12,19 +12,18 @@ on one rank is agreed on by all ranks, so a failure anywhere is an error everywh
 from __future__ import annotations
 
 import logging
-import random
 import re
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-import numpy as np
 import torch
 
 from torchbay import checkpoint_dir as ckdir
 from torchbay.checkpoint_dir import FORMAT_VERSION, MANIFEST  # noqa: F401  (MANIFEST is re-exported)
 from torchbay.errors import CheckpointError
+from torchbay.rng_state import capture_rng_state, restore_rng_state
 from torchbay.safe_load import safe_torch_load
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,42 +59,6 @@ class CheckpointIO:
 
     def exists(self, directory: Path, stem: str) -> bool:
         raise NotImplementedError
-
-
-# --- RNG ---------------------------------------------------------------------------------
-
-
-def capture_rng_state(device_backend) -> dict[str, Any]:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "torch": torch.get_rng_state(),
-        "device_type": device_backend.torch_type(),
-        "device": device_backend.get_rng_state(),
-    }
-
-
-def restore_rng_state(state: dict[str, Any], device_backend) -> None:
-    part = "python"
-    try:
-        version, internal, gauss = state["python"]
-        random.setstate((version, tuple(internal), gauss))
-        part = "numpy"
-        n = state["numpy"]
-        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
-        part = "torch"
-        torch.set_rng_state(state["torch"])
-        part = f"device ({state.get('device_type')})"
-        if state.get("device_type") != device_backend.torch_type():
-            raise CheckpointError(f"the checkpoint's device RNG is for '{state.get('device_type')}' but this run "
-                                  f"uses '{device_backend.torch_type()}'; load it with device: {state.get('device_type')}")
-        device_backend.set_rng_state(state["device"])
-    except CheckpointError:
-        raise
-    except Exception as exc:
-        raise CheckpointError(f"RNG state part '{part}' could not be restored: {type(exc).__name__}: {exc}") from exc
 
 
 # --- save / load ---------------------------------------------------------------------------
