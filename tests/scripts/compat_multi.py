@@ -1,4 +1,4 @@
-"""Accelerate-compat behaviours that need 2 processes; prints one JSON line of results per rank."""
+"""Accelerate-compat behaviours that need 2 processes; writes <out>/result_rank<r>.json per rank."""
 
 import json
 import logging
@@ -94,4 +94,5 @@ for hook in (DDPCommunicationHookType.NO, DDPCommunicationHookType.FP16, DDPComm
     reference = grad if reference is None else reference
     results[f"hook_{hook.value}"] = bool(torch.allclose(grad, reference, rtol=1e-2, atol=1e-2))
 
-print(json.dumps({"rank": rank, **results}))
+with open(os.path.join(out_dir, f"result_rank{rank}.json"), "w") as f:  # two ranks' prints can interleave
+    json.dump({"rank": rank, **results}, f)
