@@ -9,14 +9,21 @@ SCRIPTS = os.path.join(HERE, "scripts")
 
 
 @pytest.fixture(autouse=True)
-def _clean_torchbay_env(monkeypatch):
-    """Each test starts with no TORCHBAY_* settings and a fresh plugin manager."""
+def _clean_torchbay_env(monkeypatch, request):
+    """Each test starts with no TORCHBAY_* settings, a fresh plugin manager and no process group."""
+    import warnings
+
+    import torch.distributed as dist
+
     for name in list(os.environ):
         if name.startswith("TORCHBAY_"):
             monkeypatch.delenv(name)
     reset_plugin_manager(None)
     yield
     reset_plugin_manager(None)
+    if dist.is_available() and dist.is_initialized():  # a test that forgot end_training: keep it from the next
+        dist.destroy_process_group()
+        warnings.warn(f"{request.node.nodeid} left a process group initialized (call accelerator.end_training())")
 
 
 @pytest.fixture
