@@ -14,6 +14,7 @@ import io
 import logging
 import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import IO, Any, Iterable
 
@@ -181,7 +182,9 @@ def dcp_load(state: dict, path: Path | str, *, trusted: bool = False, process_gr
         raise CheckpointError(f"DCP checkpoint '{path}' is missing or incomplete (no .metadata)")
     reader, planner = _reader_and_planner(path, full=False, trusted=trusted)
     try:
-        dcp.load(state, storage_reader=reader, planner=planner, process_group=process_group)
+        with warnings.catch_warnings():  # one process without a group is intended here, not worth a warning
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+            dcp.load(state, storage_reader=reader, planner=planner, process_group=process_group)
     except CheckpointError:
         raise
     except (Exception, _dcp_exception()) as exc:  # DCP's own exception is a BaseException

@@ -99,9 +99,13 @@ class DCPCheckpointIO(CheckpointIO):
     collective = True
 
     def save_state_dict(self, state, directory: Path, stem: str) -> list[str]:
+        import warnings
+
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(state, checkpoint_id=str(directory / stem))
+        with warnings.catch_warnings():  # one process without a group is intended here, not worth a warning
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+            dcp.save(state, checkpoint_id=str(directory / stem))
         return dcp_files_of_rank(directory, stem)
 
     def exists(self, directory: Path, stem: str) -> bool:
