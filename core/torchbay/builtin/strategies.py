@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -24,6 +26,10 @@ class DDPStrategy(Strategy):
 
     name = "ddp"
 
+    def __init__(self, context):
+        super().__init__(context)
+        self._wrapped: list[weakref.ref] = []
+
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         model = model.to(self.device_backend.device)
         if self.world_size == 1 or not any(p.requires_grad for p in model.parameters()):
@@ -36,7 +42,25 @@ class DDPStrategy(Strategy):
         wrapped = DistributedDataParallel(model, **kwargs)
         if handler is not None:
             handler.register_comm_hook(wrapped)
+        self._wrapped.append(weakref.ref(wrapped))
         return wrapped
+
+    def teardown(self, barrier: bool = True) -> None:
+        """Destroy the group, and let go of it in every DDP wrapper.
+
+        A wrapper's reducer keeps the C++ process group alive after ``destroy_process_group``;
+        still alive at interpreter exit, gloo's threads can abort the process after a
+        successful run. The wrappers cannot communicate once the group is gone anyway.
+        """
+        super().teardown(barrier)
+        for ref in self._wrapped:
+            wrapper = ref()
+            if wrapper is not None:
+                for attribute in ("reducer", "logger", "process_group"):
+                    if hasattr(wrapper, attribute):
+                        setattr(wrapper, attribute, None)
+        self._wrapped.clear()
+        gc.collect()  # what held the group in reference cycles goes now, not during interpreter shutdown
 
     def is_wrapped(self, model) -> bool:
         return isinstance(model, DistributedDataParallel)
