@@ -8,7 +8,6 @@ collectives over nested structures, the breakpoint trigger, ``join_uneven_inputs
 from __future__ import annotations
 
 import contextlib
-import functools
 import warnings
 from typing import Any, Callable
 
@@ -95,28 +94,20 @@ class ProcessControl:
         if is_first:
             self.wait_for_everyone()
 
-    def _only_if(self, condition: Callable[[], bool], function: Callable | None):
-        def decorate(fn):
-            @functools.wraps(fn)
-            def wrapper(*args, **kwargs):
-                return fn(*args, **kwargs) if condition() else None
-            return wrapper
-        return decorate if function is None else decorate(function)
-
     def on_main_process(self, function: Callable | None = None):
-        return self._only_if(lambda: self.is_main_process, function)
+        return operations.only_if(lambda: self.is_main_process, function)
 
     def on_local_main_process(self, function: Callable | None = None):
-        return self._only_if(lambda: self.is_local_main_process, function)
+        return operations.only_if(lambda: self.is_local_main_process, function)
 
     def on_last_process(self, function: Callable | None = None):
-        return self._only_if(lambda: self.is_last_process, function)
+        return operations.only_if(lambda: self.is_last_process, function)
 
     def on_process(self, function: Callable | None = None, process_index: int = 0):
-        return self._only_if(lambda: self.process_index == process_index, function)
+        return operations.only_if(lambda: self.process_index == process_index, function)
 
     def on_local_process(self, function: Callable | None = None, local_process_index: int = 0):
-        return self._only_if(lambda: self.local_process_index == local_process_index, function)
+        return operations.only_if(lambda: self.local_process_index == local_process_index, function)
 
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False):

@@ -311,3 +311,13 @@ def split_between(inputs: Any, num: int, index: int, pad: bool, device: Any = No
         return values
 
     return one(inputs)
+
+
+def only_if(condition: Callable[[], bool], function: Callable | None = None):
+    """Run ``function`` (or, with no function, the decorated one) only where ``condition()`` holds; else ``None``."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            return fn(*args, **kwargs) if condition() else None
+        return wrapper
+    return decorate if function is None else decorate(function)

@@ -24,6 +24,7 @@ import torch
 import yaml
 
 from torchbay.errors import TorchbayError
+from torchbay.operations import only_if
 from torchbay.wrappers import GradientState  # noqa: F401 (Accelerate's accelerate.state.GradientState)
 
 
@@ -194,32 +195,24 @@ class PartialState:
 
         yield split_between(inputs, self.num_processes, self.process_index, apply_padding, self.device)
 
-    def _on(self, condition: Callable[[], bool], function: Callable | None):
-        def decorate(fn):
-            @functools.wraps(fn)
-            def wrapper(*args, **kwargs):
-                return fn(*args, **kwargs) if condition() else None
-            return wrapper
-        return decorate if function is None else decorate(function)
-
     def on_main_process(self, function: Callable | None = None):
-        return self._on(lambda: self.is_main_process, function)
+        return only_if(lambda: self.is_main_process, function)
 
     def on_local_main_process(self, function: Callable | None = None):
-        return self._on(lambda: self.is_local_main_process, function)
+        return only_if(lambda: self.is_local_main_process, function)
 
     def on_last_process(self, function: Callable | None = None):
-        return self._on(lambda: self.is_last_process, function)
+        return only_if(lambda: self.is_last_process, function)
 
     def on_process(self, function: Callable | None = None, process_index: int | None = None):
         if function is None and process_index is None:
             raise TorchbayError("on_process needs process_index: @state.on_process(process_index=1)")
-        return self._on(lambda: self.process_index == process_index, function)
+        return only_if(lambda: self.process_index == process_index, function)
 
     def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None):
         if function is None and local_process_index is None:
             raise TorchbayError("on_local_process needs local_process_index")
-        return self._on(lambda: self.local_process_index == local_process_index, function)
+        return only_if(lambda: self.local_process_index == local_process_index, function)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         if self.is_local_main_process:
