@@ -35,19 +35,14 @@ def _worker_env(num_processes: int, device: str | None, mixed_precision: str) ->
     args: dict[str, Any] = {"mixed_precision": mixed_precision, "launch.num_processes": num_processes}
     if device:
         args["device"] = device
-    saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    os.environ.update(WORLD_SIZE=str(num_processes), RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(num_processes))
-    try:  # validate the set-up here, before any process starts
+    from torchbay.helpers import patch_environment
+
+    # validate the set-up here, before any process starts
+    with patch_environment(world_size=num_processes, rank=0, local_rank=0, local_world_size=num_processes):
         pm = get_plugin_manager()
         resolved = resolve_config(args=args, pm=pm)
         context = build_context(resolved, pm)
         env.update(context.device_backend_cls.worker_env(resolved.config, num_processes))
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     return env
 
 
