@@ -209,6 +209,7 @@ class Accelerator(ProcessControl, AccelerateSurface):
         models = [o for o, k in zip(objects, kinds) if k == "model"]
         optimizers = [o for o, k in zip(objects, kinds) if k == "optimizer"]
         schedulers = [o for o, k in zip(objects, kinds) if k == "scheduler"]
+        models, optimizers = self.precision.prepare(models, optimizers)
         models, optimizers, schedulers = self.strategy.setup(models, optimizers, schedulers)
         models = [self._wrap_forward(m) for m in models]
         prepared_opts = [PreparedOptimizer(o, self) for o in optimizers]

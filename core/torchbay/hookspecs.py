@@ -111,6 +111,21 @@ def torchbay_config_sections() -> dict[str, type[BaseModel]]:
     """
 
 
+@hookspec
+def torchbay_accelerate_mapping() -> dict[str, Any]:
+    """Contribute this plugin's part of the Hugging Face Accelerate compatibility data.
+
+    The core holds only what concerns cpu, single and ddp; each plugin adds the Accelerate
+    names it serves (``distributed_type`` values, nested config sections such as a strategy's
+    own, ``is_<name>_available`` entries), in the same layout as the core's tables
+    (``torchbay/resources/accelerate.yaml`` for ``config import-accelerate`` under the key
+    ``"config_import"``, ``accelerate_api.yaml`` under ``"api"``). Fragments are merged into
+    the core's tables; a key two plugins both define disables the later plugin.
+
+    :return: ``{"config_import": {...}, "api": {...}}`` (either part may be absent).
+    """
+
+
 # --- historic: replayed to plugins registered later ---------------------------------------
 
 

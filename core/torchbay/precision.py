@@ -66,6 +66,11 @@ class Precision:
     #: ``convert_outputs_to_fp32``), so that what the user computes from them runs in fp32
     fp32_outputs: ClassVar[bool] = False
 
+    def prepare(self, models: list, optimizers: list) -> tuple[list, list]:
+        """Hand models and optimizers to an engine that must see both (after :meth:`convert_module`,
+        before the strategy wraps them); return them, possibly replaced, same lengths and order."""
+        return models, optimizers
+
     # -- every step ---------------------------------------------------------------------
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss
