@@ -75,13 +75,26 @@ def test_schema_has_core_and_plugin_sections(capsys):
     assert {"device", "strategy", "mixed_precision", "launch", "fp8", "extra_cli_test"} <= set(schema["properties"])
 
 
-def test_plugin_flags_and_launch_env_through_hooks(capsys):
+def test_plugin_flags_and_the_selected_strategys_launch_env(capsys):
+    from torchbay.builtin.strategies import DDPStrategy
     from torchbay.config import Section
 
     class Level(Section):
         level: int = 1
 
+    class CliTestStrategy(DDPStrategy):
+        name = "clitest"
+
+        @classmethod
+        def launch_env(cls, local_world_size, config, device_cls):
+            return {"CLITEST_VISIBLE": ",".join(str(i) for i in range(local_world_size)),
+                    "CLITEST_LEVEL": config.clitest.level, "CLITEST_DEVICE": device_cls.name}
+
     class Plugin:
+        @hookimpl
+        def torchbay_register_strategies(self):
+            return [CliTestStrategy]
+
         @hookimpl
         def torchbay_config_sections(self):
             return {"clitest": Level}
@@ -90,17 +103,17 @@ def test_plugin_flags_and_launch_env_through_hooks(capsys):
         def torchbay_add_cli_options(self, parser, command):
             parser.add_argument("--clitest-level", dest="clitest.level", type=int, default=1)
 
-        @hookimpl
-        def torchbay_launch_env(self, config, local_world_size):
-            return {"CLITEST_VISIBLE": ",".join(str(i) for i in range(local_world_size)),
-                    "CLITEST_LEVEL": config.clitest.level}
 
     pm = PluginManager()
     pm.register_plugin(Plugin(), "clitest")
     reset_plugin_manager(pm)
     code, out, err = run(capsys, "launch", "--dry-run", "--nproc-per-node", "3", "--clitest-level", "4", SCRIPT)
     assert code == 0, err
-    assert "CLITEST_VISIBLE=0,1,2" in out and "CLITEST_LEVEL=4" in out
+    assert "CLITEST_VISIBLE" not in out  # its strategy is not selected: it adds nothing
+    code, out, err = run(capsys, "launch", "--dry-run", "--nproc-per-node", "3", "--clitest-level", "4",
+                         "--strategy", "clitest", SCRIPT)
+    assert code == 0, err
+    assert "CLITEST_VISIBLE=0,1,2" in out and "CLITEST_LEVEL=4" in out and "CLITEST_DEVICE=cpu" in out
     code, out, _ = run(capsys, "config", "show", "--sources", "--clitest-level", "5")
     assert "clitest.level = 5 # command line --clitest-level" in " ".join(out.split())
     # a plugin flag left out does not count as a command-line value

@@ -114,14 +114,14 @@ def test_a_run_that_selects_the_failed_plugin_stops_with_its_message(site):
 
 
 def test_a_selected_plugin_failing_during_the_run_stops_it(site):
-    code = ("from torchbay import Accelerator, PluginError\n"
-            "try:\n    Accelerator(device='{}')\nexcept PluginError as e:\n    print('STOPPED', e)\n"
-            "else:\n    print('RAN')\n")
-    result = cli(site, "setup-process", code=code.format("faultydev"))
-    assert "STOPPED " + WARNING + " in torchbay_setup_process: SystemExit(3); this run uses it" in result.stdout, \
+    code = ("import tempfile\nfrom torchbay import Accelerator, PluginError\n"
+            "try:\n    Accelerator(device='{}').save_state(tempfile.mkdtemp() + '/ck')\n"
+            "except PluginError as e:\n    print('STOPPED', e)\nelse:\n    print('RAN')\n")
+    result = cli(site, "state-extra", code=code.format("faultydev"))
+    assert "STOPPED " + WARNING + " in torchbay_state_extra: SystemExit(3); this run uses it" in result.stdout, \
         result.stderr
-    result = cli(site, "setup-process", code=code.format("cpu"))  # not selected: disabled, the run goes on
-    assert "RAN" in result.stdout and WARNING + " in torchbay_setup_process: SystemExit(3)" in result.stderr
+    result = cli(site, "state-extra", code=code.format("cpu"))  # not selected: disabled, the run goes on
+    assert "RAN" in result.stdout and WARNING + " in torchbay_state_extra: SystemExit(3)" in result.stderr
 
 
 def test_every_installed_plugin_with_a_faulty_one(site):

@@ -254,9 +254,9 @@ def test_launch_env_memory_estimate_and_env_report(tmp_path):
     pm = PluginManager()
     config = resolve_config(args={"strategy": "deepspeed", "device": "cpu", "deepspeed.zero_stage": 3}, pm=pm,
                             environ={}).config
-    envs = [e for e in pm.hook.torchbay_launch_env(config=config, local_world_size=2) if e]
-    assert {"DS_ACCELERATOR": "cpu"} in envs
-    est = pm.registries()["strategies"]["deepspeed"].estimate_memory(config, 4, {"parameters": 1000, "trainable": 1000})
+    strategy_cls = pm.registries()["strategies"]["deepspeed"]
+    assert strategy_cls.launch_env(2, config, pm.registries()["devices"]["cpu"]) == {"DS_ACCELERATOR": "cpu"}
+    est = strategy_cls.estimate_memory(config, 4, {"parameters": 1000, "trainable": 1000})
     assert (est.parameters, est.gradients, est.optimizer, est.note) == (1000, 1000, 2000, "ZeRO-3")
     assert any("deepspeed" in r for r in pm.hook.torchbay_report_env() if r)
 

@@ -226,13 +226,13 @@ def test_mps_is_single_process(pm):
     problems = core_validate(pm, mod.MPSBackend, config_for(pm, "mps"), per_machine=2)
     assert "runs one process per machine" in problems[0]
     config = config_for(pm, "mps", mps={"cpu_fallback": True})
-    assert mod.torchbay_launch_env(config=config, local_world_size=1) == {"PYTORCH_ENABLE_MPS_FALLBACK": "1"}
+    assert mod.MPSBackend.launch_env(1, config) == {"PYTORCH_ENABLE_MPS_FALLBACK": "1"}
 
 
 def test_hpu_lazy_mode_env_and_mark_steps(pm, monkeypatch):
     mod = plugin("hpu")
     config = config_for(pm, "hpu", hpu={"lazy_mode": False})
-    assert mod.torchbay_launch_env(config=config, local_world_size=8) == {"PT_HPU_LAZY_MODE": "0"}
+    assert mod.HPUBackend.launch_env(8, config) == {"PT_HPU_LAZY_MODE": "0"}
     marks = []
     core = types.SimpleNamespace(mark_step=lambda: marks.append("mark"))
     hpu = object.__new__(mod.HPUBackend)
@@ -322,10 +322,10 @@ def test_xla_detection_never_imports_the_runtime(pm, monkeypatch):
     assert "no TPU found" in cls.unavailable_reason()
     monkeypatch.setattr(mod, "tpu_chip_count", lambda: 4)
     assert cls.unavailable_reason() is None and cls.device_count() == 4
-    assert mod.torchbay_launch_env(config=config_for(pm, "xla"), local_world_size=1) == {"PJRT_DEVICE": "TPU"}
+    assert cls.launch_env(1, config_for(pm, "xla")) == {"PJRT_DEVICE": "TPU"}
     assert not cls.supports_autocast(torch.float16)
     config = config_for(pm, "xla", xla={"pjrt_device": "CPU"})
-    assert mod.torchbay_launch_env(config=config, local_world_size=1)["PJRT_DEVICE"] == "CPU"
+    assert cls.launch_env(1, config)["PJRT_DEVICE"] == "CPU"
 
 
 def test_runtime_devices_import_their_runtime_only_when_probed(monkeypatch):

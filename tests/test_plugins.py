@@ -74,11 +74,10 @@ def test_third_party_plugin_end_to_end(site, tmp_path):
     assert run == {**run, "device": "toydev", "strategy": "toystrategy", "precision": "fp8:toyfp8", "io": "toyio",
                    "cluster": "toycluster", "toy_level": 3}
     events = run["events"]
-    for expected in ("addhooks", "configure:level=3", "setup_process:toydev", "prepare:2",
-                     "toyfp8.convert_module", "load_state_extra:3"):
+    for expected in ("set_current:toydev", "prepare:1+1", "toyfp8.convert_module", "load_state_extra:3"):
         assert expected in events
-    assert run["steps"] == 3  # after_optimizer_step counted 3 steps; state_extra saved and restored them
-    assert "torchbay_after_optimizer_step" in out["hooks"]["toy"]
+    assert run["steps"] == 3  # ToyPrecision.after_optimizer_step counted 3 steps; state_extra saved and restored them
+    assert "torchbay_state_extra" in out["hooks"]["toy"]
 
 
 def test_plugin_validation_joins_the_core_complaints(site, tmp_path):
@@ -166,7 +165,7 @@ class _Wrapper:
         self.where, self.exc, self.calls = where, exc, 0
 
     @hookimpl(wrapper=True)
-    def torchbay_prepare(self, context, objects):
+    def torchbay_validate(self, context):
         self.calls += 1
         if self.where == "before":
             raise self.exc("before")
@@ -178,20 +177,20 @@ class _Wrapper:
 
 class _Plain:
     @hookimpl
-    def torchbay_prepare(self, context, objects):
+    def torchbay_validate(self, context):
         return ["prepared"]
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_a_failing_wrapper_is_disabled_and_the_call_goes_on(where, caplog):
-    pm = PluginManager(autoload=False)
+    pm = PluginManager(autoload=False, builtins=False)
     wrapper = _Wrapper(where, SystemExit)
     pm.register_plugin(_Plain(), "plain")
     pm.register_plugin(wrapper, "wrap")
-    assert pm.hook.torchbay_prepare(context=None, objects=[1]) == [["prepared"]]
-    assert pm.infos["wrap"].status == "failed" and pm.infos["wrap"].hook == "torchbay_prepare"
+    assert pm.hook.torchbay_validate(context=None) == [["prepared"]]
+    assert pm.infos["wrap"].status == "failed" and pm.infos["wrap"].hook == "torchbay_validate"
     assert pm.infos["plain"].status == "loaded"
-    assert pm.hook.torchbay_prepare(context=None, objects=[1]) == [["prepared"]]
+    assert pm.hook.torchbay_validate(context=None) == [["prepared"]]
     assert wrapper.calls == 1, "a failed plugin's hooks do nothing afterwards"
     assert sum("plugin 'wrap'" in r.getMessage() for r in caplog.records) == 1
 
@@ -199,21 +198,21 @@ def test_a_failing_wrapper_is_disabled_and_the_call_goes_on(where, caplog):
 def test_deliberate_errors_and_ctrl_c_are_not_plugin_failures():
     from torchbay.errors import CheckpointError, PluginError
 
-    pm = PluginManager(autoload=False)
+    pm = PluginManager(autoload=False, builtins=False)
     pm.register_plugin(_Wrapper("before", CheckpointError), "wrap")
     with pytest.raises(CheckpointError):
-        pm.hook.torchbay_prepare(context=None, objects=[])
+        pm.hook.torchbay_validate(context=None)
     assert pm.infos["wrap"].status == "loaded"
-    pm = PluginManager(autoload=False)
+    pm = PluginManager(autoload=False, builtins=False)
     pm.register_plugin(_Wrapper("after", KeyboardInterrupt), "wrap")
     with pytest.raises(KeyboardInterrupt):
-        pm.hook.torchbay_prepare(context=None, objects=[])
+        pm.hook.torchbay_validate(context=None)
     # a plugin the run depends on stops the run with its message
-    pm = PluginManager(autoload=False)
+    pm = PluginManager(autoload=False, builtins=False)
     pm.register_plugin(_Wrapper("before"), "wrap")
     pm.selected = {"wrap"}
-    with pytest.raises(PluginError, match="plugin 'wrap' .* failed in torchbay_prepare: RuntimeError: before"):
-        pm.hook.torchbay_prepare(context=None, objects=[])
+    with pytest.raises(PluginError, match="plugin 'wrap' .* failed in torchbay_validate: RuntimeError: before"):
+        pm.hook.torchbay_validate(context=None)
 
 
 def test_registries_are_collected_builtins_first():

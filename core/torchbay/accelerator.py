@@ -95,7 +95,7 @@ class Accelerator(ProcessControl, AccelerateSurface):
         _make_picklable(self.pm, resolved.config)
         self.context = build_context(resolved, self.pm)
         self.context.accelerator = self
-        self.context.extras["kwargs_handlers"] = self.handlers
+        self.context.kwargs_handlers = self.handlers
         self.config = resolved.config
 
         self.device_backend = self.context.device_backend_cls(self.context.cluster.local_rank())
@@ -111,10 +111,6 @@ class Accelerator(ProcessControl, AccelerateSurface):
         io_cls = self.pm.registries()["checkpoint_io"][self.config.checkpoint.io]
         self.checkpoint_io = io_cls(max_shard_size=self.config.checkpoint.max_shard_size)
         self.checkpoint_io.trusted = self.config.checkpoint.allow_unsafe_pickle
-        self.pm.hook.torchbay_configure.call_historic(kwargs={"config": self.config})
-        self.pm.hook.torchbay_setup_process(context=self.context)
-        after = self.pm.hook.torchbay_after_optimizer_step
-        self._after_step_hook = after if after.get_hookimpls() else None  # no per-step dispatch when unused
 
         self.gradient_state = GradientState(self.config.gradient_accumulation_steps, sync_each_batch=sync_each_batch)
         self._distributed_type = distributed_type_for(self.strategy, self.device_backend)
@@ -125,7 +121,6 @@ class Accelerator(ProcessControl, AccelerateSurface):
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
-        self._unscaled: set[int] = set()
         self._checkpointer = StateCheckpointer(self)
         if self.config.seed is not None:
             set_seed(self.config.seed)
@@ -200,12 +195,10 @@ class Accelerator(ProcessControl, AccelerateSurface):
         """Prepare models, optimizers, schedulers and data loaders (any order, any number of calls)."""
         self.state.distributed_type  # noqa: B018 (raises StateResetError after AcceleratorState._reset_state())
         objects = [self.precision.convert_module(o) if isinstance(o, torch.nn.Module) else o for o in objects]
-        for replaced in self.pm.hook.torchbay_prepare(context=self.context, objects=objects):
-            if replaced is not None:
-                if len(replaced) != len(objects):
-                    raise TorchbayError("a torchbay_prepare hook returned a different number of objects")
-                objects = list(replaced)
         kinds = [self._kind(o) for o in objects]
+        for obj, kind in zip(objects, kinds):
+            if kind == "dataloader":
+                self.strategy.connect_dataloader(obj)
         models = [o for o, k in zip(objects, kinds) if k == "model"]
         optimizers = [o for o, k in zip(objects, kinds) if k == "optimizer"]
         schedulers = [o for o, k in zip(objects, kinds) if k == "scheduler"]
@@ -338,12 +331,11 @@ class Accelerator(ProcessControl, AccelerateSurface):
         return self.precision.forward_context()
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
-        targets = [optimizer] if optimizer is not None else self._optimizers
-        for opt in targets:
-            raw = getattr(opt, "optimizer", opt)
-            if id(raw) not in self._unscaled:
-                self.precision.unscale_gradients(raw)
-                self._unscaled.add(id(raw))
+        prepared = [o for o in self._optimizers if optimizer is None or optimizer is o or optimizer is o.optimizer]
+        if optimizer is not None and not prepared:  # an optimizer prepare() never saw
+            self.precision.unscale_gradients(getattr(optimizer, "optimizer", optimizer))
+        for opt in prepared:
+            opt.unscale_gradients()
 
     def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         self.unscale_gradients()

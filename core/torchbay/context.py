@@ -32,7 +32,13 @@ class RunContext:
     strategy: Strategy | None = None
     precision: Precision | None = None
     accelerator: Any = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    #: the user's ``kwargs_handlers`` by class (``AutocastKwargs``, ``GradScalerKwargs``,
+    #: ``DistributedDataParallelKwargs``...), for the selected objects that honour them
+    kwargs_handlers: dict[type, Any] = field(default_factory=dict)
+
+    def handler(self, kind: type) -> Any:
+        """The user's handler of class ``kind`` (e.g. ``AutocastKwargs``), or ``None``."""
+        return self.kwargs_handlers.get(kind)
 
     @property
     def config(self) -> CoreConfig:

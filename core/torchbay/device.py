@@ -113,8 +113,11 @@ class DeviceBackend:
         return None
 
     @classmethod
-    def launch_env(cls, local_world_size: int) -> dict[str, str]:
-        """Environment the launcher gives workers beyond the visible devices; the default adds nothing."""
+    def launch_env(cls, local_world_size: int, config: Any = None) -> dict[str, str]:
+        """Environment the launcher gives workers beyond the visible devices (``config``: the
+        resolved config, for settings of the device's own section); the default adds nothing.
+
+        Must not initialise the device."""
         return {}
 
     @classmethod
@@ -126,7 +129,7 @@ class DeviceBackend:
     def worker_env(cls, config: Any, local_world_size: int) -> dict[str, str]:
         """Everything the launcher sets for workers on this device: :meth:`launch_env` plus
         ``config.visible_devices`` in :meth:`visible_devices_variable`."""
-        env = dict(cls.launch_env(local_world_size))
+        env = dict(cls.launch_env(local_world_size, config))
         variable = cls.visible_devices_variable()
         if getattr(config, "visible_devices", None) and variable:
             env[variable] = config.visible_devices

@@ -5,10 +5,19 @@ A plugin is a module or object with functions named like the hooks below, decora
 :mod:`torchbay.plugins`). The built-in plugins under ``torchbay.builtin`` use these same
 hooks.
 
-Hooks are for discovery, selection, validation and rare events. Work done at every
-training step is a plain method of the selected :class:`~torchbay.device.DeviceBackend`,
-:class:`~torchbay.strategy.Strategy` or :class:`~torchbay.precision.Precision`, never a
-hook call.
+Hooks are for two things only:
+
+- **discovery**: what is installed (devices, strategies, precisions, checkpoint io, cluster
+  environments, config sections, Accelerate compatibility data, CLI options and commands);
+- **cross-cutting concerns** that do not belong to one selected object: checks of a
+  plugin's own settings, extra state in a checkpoint, lines of ``torchbay env``.
+
+Every per-run decision (launch environment, validation of the selected set-up, process
+set-up, ``prepare``, every training step, checkpoints, memory estimates) is a method of the
+selected :class:`~torchbay.device.DeviceBackend`, :class:`~torchbay.strategy.Strategy`,
+:class:`~torchbay.precision.Precision` or :class:`~torchbay.checkpointing.CheckpointIO`:
+only the selected object runs it, so no plugin asks "am I the selected one?".
+``docs/architecture.md`` draws the path from config to those objects.
 
 Unless a hook says "first result wins", pluggy calls every implementation and returns the
 list of their non-``None`` results.
@@ -130,14 +139,6 @@ def torchbay_accelerate_mapping() -> dict[str, Any]:
 
 
 @hookspec(historic=True)
-def torchbay_addhooks(pluginmanager: PluginManager) -> None:
-    """Add hook specifications of a plugin's own (``pluginmanager.add_hookspecs(module)``).
-
-    Historic: a plugin registered after the call still receives it.
-    """
-
-
-@hookspec(historic=True)
 def torchbay_add_cli_options(parser: argparse.ArgumentParser, command: str) -> None:
     """Add command-line options to the ``torchbay <command>`` parser.
 
@@ -160,67 +161,21 @@ def torchbay_add_commands(subparsers: Any) -> None:
     """
 
 
-@hookspec(historic=True)
-def torchbay_configure(config: Any) -> None:
-    """Called once with the resolved :class:`~torchbay.config.TorchbayConfig`. Historic.
-
-    Use it to read settings; do not change them (the config is frozen after validation).
-    """
-
-
-# --- lifecycle -----------------------------------------------------------------------------
+# --- cross-cutting: every plugin takes part ----------------------------------------------
 
 
 @hookspec
 def torchbay_validate(context: RunContext) -> list[str] | None:
-    """Complain about the chosen set-up before any process group starts.
+    """Complain about the chosen set-up before any process group starts, from a plugin's
+    own point of view (its own settings, a library version it needs).
 
-    Every plugin's complaints are collected and reported together in one
+    The selected device, strategy and precision check themselves in their ``check``
+    classmethods; this hook is for plugins that are not one of them. Every plugin's complaints are collected and reported together in one
     :class:`~torchbay.errors.IncompatibleSetupError`.
 
     :param context: the selected device, strategy, precision and config.
     :return: a list of problems, each naming the setting at fault and the fix; empty or
         ``None`` when all is well.
-    """
-
-
-@hookspec
-def torchbay_launch_env(config: Any, local_world_size: int) -> dict[str, str] | None:
-    """Environment variables the workers need, computed in the launcher.
-
-    The core already adds the selected device's ``launch_env`` and ``visible_devices``;
-    return variables that depend on your own settings. Never initialise a device here.
-    Later plugins' values override earlier ones for the same key.
-
-    :param config: the resolved config.
-    :param local_world_size: processes per machine.
-    :return: a mapping of environment variable to value.
-    """
-
-
-@hookspec
-def torchbay_setup_process(context: RunContext) -> None:
-    """Called in each worker after the process group is up and the device is set."""
-
-
-@hookspec
-def torchbay_prepare(context: RunContext, objects: list[Any]) -> list[Any] | None:
-    """Transform the objects passed to ``Accelerator.prepare`` before the strategy sees them.
-
-    Implementations may be ``wrapper=True`` to act before and after the others. Return a new
-    list (same length and order) or ``None`` to leave the objects as they are. The
-    objects already carry the precision conversion; the strategy wraps after this hook.
-
-    :return: the (possibly replaced) objects, or ``None``.
-    """
-
-
-@hookspec
-def torchbay_after_optimizer_step(context: RunContext, optimizer: Any) -> None:
-    """Called after every real optimizer step (not on skipped fp16 steps).
-
-    Only called when at least one plugin implements it, so plugins that do not need it
-    cost nothing per step. Used e.g. for FP8 scale precomputation.
     """
 
 

@@ -255,12 +255,10 @@ def prepare(resolved: ResolvedConfig, pm, *, environ: Mapping[str, str] | None =
     plan = plan_launch(resolved, pm, environ=environ)
     apply_plan(resolved, plan)
     context = build_context(resolved, pm, cluster=plan.cluster())
-    env: dict[str, str] = {}
     device_cls = context.device_backend_cls
-    env.update({k: str(v) for k, v in device_cls.worker_env(resolved.config, plan.nproc_per_node).items()})
-    results = pm.hook.torchbay_launch_env(config=resolved.config, local_world_size=plan.nproc_per_node)
-    for found in reversed(results):  # pluggy returns the last registered first; later plugins win
-        env.update({k: str(v) for k, v in (found or {}).items()})
+    env = dict(device_cls.worker_env(resolved.config, plan.nproc_per_node))
+    env.update(context.strategy_cls.launch_env(plan.nproc_per_node, resolved.config, device_cls))
+    env = {key: str(value) for key, value in env.items()}
     env[RESOLVED_ENV] = resolved.to_json()
     return plan, context, env
 

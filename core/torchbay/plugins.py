@@ -105,8 +105,6 @@ class PluginManager(pluggy.PluginManager):
             autoload = os.environ.get("TORCHBAY_DISABLE_PLUGIN_AUTOLOAD", "") in ("", "0", "false")
         self.autoload = autoload
         self.only = set(only) if only is not None else set(_env_list("TORCHBAY_PLUGINS"))
-        # historic: every plugin registered from now on receives it at registration
-        self.hook.torchbay_addhooks.call_historic(kwargs={"pluginmanager": self})
         if builtins:
             self._register_builtins()
         self._guarding = True  # everything registered from here on is third-party

@@ -91,6 +91,12 @@ class Strategy:
         return problems
 
     @classmethod
+    def launch_env(cls, local_world_size: int, config: Any, device_cls: Any) -> dict[str, str]:
+        """Environment the launcher gives workers when this strategy is selected (on
+        ``device_cls``, the selected device class); computed before any worker starts."""
+        return {}
+
+    @classmethod
     def estimate_memory(cls, config: Any, world_size: int, counts: dict[str, int]) -> MemoryEstimate | None:
         """Per-process memory of a model with ``counts`` (``parameters``, ``trainable``) under ``config``.
 
@@ -158,6 +164,10 @@ class Strategy:
         return precision
 
     # -- wrapping -----------------------------------------------------------------------
+    def connect_dataloader(self, dataloader: Any) -> None:
+        """Called with each user data loader passed to ``prepare``, before the models and
+        optimizers of that call are set up (e.g. to read the batch size); default: nothing."""
+
     def setup(self, models: list, optimizers: list, schedulers: list) -> tuple[list, list, list]:
         """Wrap what one ``prepare`` call passed (any of the lists may be empty).
 

@@ -134,6 +134,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self.accelerator = accelerator
         self.step_was_skipped = False
+        self.gradients_unscaled = False  # until the next step: unscaling twice would be wrong
 
     @property
     def param_groups(self):
@@ -171,13 +172,17 @@ class PreparedOptimizer(torch.optim.Optimizer):
         kwargs = {} if closure is None else {"closure": closure}
         stepped = acc.precision.optimizer_step(self.optimizer, acc.strategy.optimizer_step, **kwargs)
         self.step_was_skipped = not stepped
-        acc._unscaled.discard(id(self.optimizer))
+        self.gradients_unscaled = False
         if stepped:
             acc.precision.after_optimizer_step(self.optimizer)
-        if stepped and acc._after_step_hook is not None:
-            acc._after_step_hook(context=acc.context, optimizer=self.optimizer)
         acc.device_backend.after_step()
         return None
+
+    def unscale_gradients(self) -> None:
+        """Turn the loss-scaled gradients into true values, once per step (before clipping)."""
+        if not self.gradients_unscaled:
+            self.accelerator.precision.unscale_gradients(self.optimizer)
+            self.gradients_unscaled = True
 
     def __repr__(self) -> str:
         return f"PreparedOptimizer({self.optimizer!r})"

@@ -26,7 +26,7 @@ class AutocastPrecision(Precision):
 
     def __init__(self, context):
         super().__init__(context)
-        handler = context.extras.get("kwargs_handlers", {}).get(AutocastKwargs) or AutocastKwargs()
+        handler = context.handler(AutocastKwargs) or AutocastKwargs()
         self.autocast_kwargs = handler
 
     @property
@@ -51,7 +51,7 @@ class FP16Precision(AutocastPrecision):
 
     def __init__(self, context):
         super().__init__(context)
-        handler = context.extras.get("kwargs_handlers", {}).get(GradScalerKwargs)
+        handler = context.handler(GradScalerKwargs)
         self.scaler = self.device_backend.grad_scaler(**(handler.to_kwargs() if handler else {}))
 
     def scale_loss(self, loss):

@@ -34,7 +34,7 @@ class DDPStrategy(Strategy):
         model = model.to(self.device_backend.device)
         if self.world_size == 1 or not any(p.requires_grad for p in model.parameters()):
             return model
-        handler = self.context.extras.get("kwargs_handlers", {}).get(DistributedDataParallelKwargs)
+        handler = self.context.handler(DistributedDataParallelKwargs)
         kwargs = handler.ddp_kwargs() if handler else {}
         device_ids = self.device_backend.ddp_device_ids()
         if device_ids is not None:

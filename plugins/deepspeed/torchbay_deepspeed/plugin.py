@@ -48,30 +48,6 @@ def torchbay_add_cli_options(parser: argparse.ArgumentParser, command: str) -> N
         group.add_argument(flag, dest=f"deepspeed.{key}", default=argparse.SUPPRESS, **kwargs)
 
 
-@hookimpl
-def torchbay_launch_env(config: Any, local_world_size: int):
-    if getattr(config, "strategy", None) != "deepspeed" or config.device == "auto":
-        return None
-    from torchbay_deepspeed.strategy import ds_accelerator_env
-
-    return ds_accelerator_env("cuda" if config.device == "rocm" else config.device)
-
-
-@hookimpl
-def torchbay_prepare(context, objects: list):
-    """Remember the first prepared data loader's per-process batch size (DeepSpeed's micro batch)."""
-    if context.config.strategy != "deepspeed" or "deepspeed_micro_batch" in context.extras:
-        return None
-    from torch.utils.data import DataLoader
-
-    for obj in objects:
-        if isinstance(obj, DataLoader) and obj.batch_size:
-            world = context.cluster.world_size()
-            split = context.config.dataloader.split_batches
-            size = obj.batch_size // world if split else obj.batch_size
-            context.extras["deepspeed_micro_batch"] = (size, f"the prepared data loader's per-process batch size")
-            break
-    return None
 
 
 @hookimpl

@@ -111,6 +111,10 @@ class DeepSpeedStrategy(Strategy):
     handles_accumulation = True
     needs_process_group = True  # DeepSpeed wants a process group even for one process
 
+    @classmethod
+    def launch_env(cls, local_world_size: int, config: Any, device_cls: Any) -> dict[str, str]:
+        return ds_accelerator_env(device_cls.torch_type())
+
     # -- validation (no deepspeed import) ---------------------------------------------
     @classmethod
     def estimate_memory(cls, config, world_size: int, counts: dict[str, int]) -> MemoryEstimate:
@@ -155,6 +159,7 @@ class DeepSpeedStrategy(Strategy):
     def __init__(self, context):
         super().__init__(context)
         self.section: dsconfig.DeepSpeedSection = context.config.deepspeed
+        self._loader_micro_batch: tuple[int, str] | None = None
         base, origins, problems = dsconfig.base_config(context.resolved, self.world_size)
         if problems:
             raise ConfigError(problems, header="invalid DeepSpeed configuration")
@@ -222,7 +227,14 @@ class DeepSpeedStrategy(Strategy):
 
     # -- wrapping ------------------------------------------------------------------------
     def _micro_batch(self) -> tuple[int, str] | None:
-        return self.context.extras.get("deepspeed_micro_batch")
+        return self._loader_micro_batch
+
+    def connect_dataloader(self, dataloader: Any) -> None:
+        """The first prepared data loader's per-process batch size is DeepSpeed's micro batch."""
+        if self._loader_micro_batch is None and getattr(dataloader, "batch_size", None):
+            split = self.context.config.dataloader.split_batches
+            size = dataloader.batch_size // self.world_size if split else dataloader.batch_size
+            self._loader_micro_batch = (size, "the prepared data loader's per-process batch size")
 
     def setup(self, models: list, optimizers: list, schedulers: list) -> tuple[list, list, list]:
         proxies = [self._proxy(o) for o in optimizers]

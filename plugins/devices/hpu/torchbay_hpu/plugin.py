@@ -133,14 +133,16 @@ class HPUBackend(DeviceBackend):
     def empty_cache(self) -> None:
         pass  # the Gaudi allocator keeps its pool; there is nothing to release
 
+    @classmethod
+    def launch_env(cls, local_world_size: int, config: Any = None) -> dict[str, str]:
+        section = getattr(config, NAME, None)
+        if section is not None and section.lazy_mode is not None:
+            return {"PT_HPU_LAZY_MODE": "1" if section.lazy_mode else "0"}
+        return {}
+
     def report(self) -> dict[str, Any]:
         return {"device": str(self.device), "count": self.device_count(), "name": _hpu().get_device_name(self.index),
                 "lazy_mode": self.lazy}
-
-
-def _selected(config) -> bool:
-    device = getattr(config, "device", "auto")
-    return device == NAME or (device == "auto" and HPUBackend.runtime_installed() and HPUBackend.is_available())
 
 
 @hookimpl
@@ -152,15 +154,6 @@ def torchbay_register_devices():
 def torchbay_config_sections():
     return {NAME: HPUSection}
 
-
-@hookimpl
-def torchbay_launch_env(config, local_world_size: int):
-    if not _selected(config):
-        return None
-    section = getattr(config, NAME, None)
-    if section is not None and section.lazy_mode is not None:
-        return {"PT_HPU_LAZY_MODE": "1" if section.lazy_mode else "0"}
-    return {}
 
 
 @hookimpl

@@ -101,6 +101,11 @@ class MPSBackend(DeviceBackend):
     def empty_cache(self) -> None:
         torch.mps.empty_cache()
 
+    @classmethod
+    def launch_env(cls, local_world_size: int, config: Any = None) -> dict[str, str]:
+        section = getattr(config, NAME, None)
+        return {"PYTORCH_ENABLE_MPS_FALLBACK": "1"} if section is not None and section.cpu_fallback else {}
+
     def report(self) -> dict[str, Any]:
         return {"device": "mps", "count": 1, "macos": platform.mac_ver()[0]}
 
@@ -114,14 +119,6 @@ def torchbay_register_devices():
 def torchbay_config_sections():
     return {NAME: MPSSection}
 
-
-@hookimpl
-def torchbay_launch_env(config, local_world_size: int):
-    device = getattr(config, "device", "auto")
-    if device != NAME and not (device == "auto" and MPSBackend.is_available()):
-        return None
-    section = getattr(config, NAME, None)
-    return {"PYTORCH_ENABLE_MPS_FALLBACK": "1"} if section is not None and section.cpu_fallback else {}
 
 
 @hookimpl

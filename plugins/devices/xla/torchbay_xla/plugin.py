@@ -99,7 +99,10 @@ class XLABackend(DeviceBackend):
         return "xla"
 
     @classmethod
-    def launch_env(cls, local_world_size: int) -> dict[str, str]:
+    def launch_env(cls, local_world_size: int, config: Any = None) -> dict[str, str]:
+        section = getattr(config, NAME, None)
+        if section is not None and section.pjrt_device:
+            return {"PJRT_DEVICE": section.pjrt_device}
         kind = pjrt_device()
         return {"PJRT_DEVICE": kind} if kind and "PJRT_DEVICE" not in os.environ else {}
 
@@ -178,11 +181,6 @@ class XLABackend(DeviceBackend):
         return {"device": str(self.device), "count": self.device_count(), "pjrt_device": pjrt_device()}
 
 
-def _selected(config) -> bool:
-    device = getattr(config, "device", "auto")
-    return device == NAME or (device == "auto" and XLABackend.is_available())
-
-
 @hookimpl
 def torchbay_register_devices():
     return [XLABackend]
@@ -192,16 +190,6 @@ def torchbay_register_devices():
 def torchbay_config_sections():
     return {NAME: XLASection}
 
-
-@hookimpl
-def torchbay_launch_env(config, local_world_size: int):
-    if not _selected(config):
-        return None
-    env = dict(XLABackend.launch_env(local_world_size))
-    section = getattr(config, NAME, None)
-    if section is not None and section.pjrt_device:
-        env["PJRT_DEVICE"] = section.pjrt_device
-    return env
 
 
 @hookimpl
