@@ -59,3 +59,11 @@ def torchbay_report_env():
     except md.PackageNotFoundError:
         version = "not installed (pip install deepspeed)"
     return {"deepspeed": version}
+
+
+@hookimpl
+def torchbay_accelerate_mapping():
+    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
+    from torchbay.accelerate_import import read_fragment
+
+    return read_fragment(__package__)
