@@ -142,3 +142,11 @@ def torchbay_register_devices():
 @hookimpl
 def torchbay_report_env():
     return {NAME: describe_devices()}
+
+
+@hookimpl
+def torchbay_accelerate_mapping():
+    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
+    from torchbay.accelerate_import import read_fragment
+
+    return read_fragment(__package__)
