@@ -163,3 +163,11 @@ def torchbay_report_env():
         return {NAME: f"not available: {reason}"}
     return {NAME: f"{HPUBackend.device_count()} card(s), collectives hccl, "
                   f"{'lazy' if HPUBackend.lazy_mode() else 'eager'} mode"}
+
+
+@hookimpl
+def torchbay_accelerate_mapping():
+    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
+    from torchbay.accelerate_import import read_fragment
+
+    return read_fragment(__package__)
