@@ -198,3 +198,11 @@ def torchbay_report_env():
     if reason:
         return {NAME: f"not available: {reason}"}
     return {NAME: f"PJRT_DEVICE={pjrt_device()}, {XLABackend.device_count()} device(s) (runtime not started)"}
+
+
+@hookimpl
+def torchbay_accelerate_mapping():
+    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
+    from torchbay.accelerate_import import read_fragment
+
+    return read_fragment(__package__)
