@@ -92,14 +92,48 @@ def test_each_engine_is_its_own_distribution_with_an_entry_point():
     from torchbay_fp8_te.precision import TransformerEngineFP8Precision
 
     assert TransformerEngineFP8Precision.rank_state_dict is not Precision.rank_state_dict
-    assert {"torchbay_validate", "torchbay_prepare"} <= set(pm.hooks_of("fp8-msamp"))
+    # MS-AMP validates and initialises through its selected precision object, not lifecycle hooks
+    from torchbay_fp8_msamp.precision import MSAMPFP8Precision
+
+    assert not {"torchbay_validate", "torchbay_prepare"} & set(pm.hooks_of("fp8-msamp"))
+    assert MSAMPFP8Precision.prepare is not Precision.prepare and MSAMPFP8Precision.check is not Precision.check
 
 
-def test_shared_helpers_live_in_the_core_once():
+def test_the_fp8_section_and_shared_base_are_their_own_distribution():
+    pm = PluginManager()
+    assert pm.infos["fp8"].distribution == "torchbay-fp8" and pm.infos["fp8"].status == "loaded"
+    from torchbay_fp8 import FP8Config, FP8Precision
+
+    assert pm.config_sections()["fp8"] is FP8Config
+    from torchbay.config import CoreConfig
+
+    assert "fp8" not in CoreConfig.model_fields  # the core has no fp8 section of its own
+    assert importlib.util.find_spec("torchbay.fp8") is None
     assert not glob.glob(os.path.join(ROOT, "plugins/fp8/*/torchbay_fp8_*/_common.py"))
-    from torchbay import fp8
+    engines = {k: c for k, c in pm.registries()["precisions"].items() if k.startswith("fp8:")}
+    assert sorted(engines) == ["fp8:msamp", "fp8:te", "fp8:torchao"]
+    for key, cls in engines.items():
+        assert issubclass(cls, FP8Precision) and cls.name == "fp8" and key == f"fp8:{cls.engine}"
+    # the shared checks (engine options, outer bf16 autocast) are written once, in the base
+    for path in glob.glob(os.path.join(ROOT, "plugins/fp8/*/torchbay_fp8_*/precision.py")):
+        assert "outer_autocast needs" not in open(path).read(), path
 
-    assert fp8.plan_linears and fp8.warn_small_layers
+
+def test_fp8_without_an_engine_plugin_names_what_to_install(tmp_path):
+    from torchbay.config import resolve_config
+    from torchbay.errors import ConfigError
+
+    bare = PluginManager(autoload=False)  # the built-in plugins only: no FP8 engine, no fp8 section
+    assert "fp8" not in {c.name for c in bare.registries()["precisions"].values()}
+    with pytest.raises(ConfigError) as err:
+        resolve_config(environ={}, args={"mixed_precision": "fp8"}, pm=bare)
+    message = str(err.value)
+    assert "'mixed_precision' = 'fp8'" in message and "no installed plugin registers this precision mode" in message
+    assert "pip install torchbay-fp8-<engine>" in message
+    with pytest.raises(ConfigError, match="pip install torchbay-fp8"):
+        resolve_config(environ={}, args={"fp8": {"backend": "torchao"}}, pm=bare)
+    with pytest.raises(ConfigError, match="registered: no, bf16, fp16, fp8"):
+        resolve_config(environ={}, args={"mixed_precision": "fp9"})
 
 
 # --- selection ------------------------------------------------------------------------------
@@ -133,7 +167,7 @@ def test_torchao_on_cpu_needs_emulation_opt_in_and_says_so():
 def test_auto_says_which_engine_it_chose_and_why(caplog):
     caplog.set_level(logging.INFO)
     acc = Accelerator(mixed_precision="fp8", config={"fp8": {"engine_options": {"emulate": True}}})
-    assert acc.precision.fp8_backend == "torchao"
+    assert acc.precision.engine == "torchao" and acc.fp8_backend == "torchao"
     chose = [r.getMessage() for r in caplog.records if "auto chose" in r.getMessage()]
     assert chose and "'torchao'" in chose[0]
     if not HAS_TE:
@@ -180,6 +214,51 @@ def test_msamp_refuses_zero3_and_fsdp_from_the_config():
     assert strategy_problems(SimpleNamespace(strategy="ddp")) == []
 
 
+def _fake_context(**fp8):
+    from torchbay_fp8 import FP8Config
+
+    class NoBF16:  # a device without bf16 autocast
+        name = "nobf16"
+
+        @staticmethod
+        def supports_autocast(dtype):
+            return dtype != torch.bfloat16
+
+        @staticmethod
+        def torch_type():
+            return "cpu"
+
+    config = SimpleNamespace(fp8=FP8Config(**fp8), strategy="single")
+    return SimpleNamespace(config=config, device_backend_cls=NoBF16, device_backend=None, strategy_cls=None,
+                           resolved=SimpleNamespace(source_of=lambda key: "default"))
+
+
+def test_every_engine_gets_the_shared_checks_from_the_base():
+    pm = PluginManager()
+    for key, cls in pm.registries()["precisions"].items():
+        if not key.startswith("fp8:"):
+            continue
+        problems = cls.check(_fake_context(engine_options={"no_such_option": 1}))
+        autocast = [p for p in problems if "fp8.outer_autocast needs bf16 autocast" in p]
+        assert len(autocast) == 1 and "set fp8.outer_autocast: false" in autocast[0], (key, problems)
+        assert any(f"not an option of fp8 engine '{cls.engine}'" in p for p in problems), (key, problems)
+        assert not [p for p in cls.check(_fake_context(outer_autocast=False)) if "outer_autocast" in p]
+
+
+def test_msamp_prepare_takes_one_model_with_its_optimizer():
+    from torchbay.errors import TorchbayError
+    from torchbay_fp8_msamp.precision import MSAMPFP8Precision
+
+    precision = MSAMPFP8Precision(_fake_context())
+    model = torch.nn.Linear(16, 16)
+    loaders_only = precision.prepare([], [])
+    assert loaders_only == ([], []) and not precision.initialized
+    with pytest.raises(TorchbayError, match="exactly one model and one optimizer"):
+        precision.prepare([model, torch.nn.Linear(16, 16)], [torch.optim.SGD(model.parameters(), lr=0.1)])
+    with pytest.raises(TorchbayError, match=r"1 model\(s\) and 0 optimizer\(s\)"):
+        precision.prepare([model], [])
+
+
 def test_msamp_zero3_is_refused_before_any_process_group(monkeypatch):
     """Through Accelerator: with the deepspeed plugin if installed, else a stand-in strategy."""
     pm = PluginManager()
@@ -217,8 +296,8 @@ def test_msamp_zero3_is_refused_before_any_process_group(monkeypatch):
 
 
 def test_linear_plan_filters_by_name_shape_and_position():
-    from torchbay.config import FP8Config
-    from torchbay.fp8 import plan_linears
+    from torchbay_fp8 import FP8Config
+    from torchbay_fp8.linears import plan_linears
 
     model = torch.nn.ModuleDict({"embed": torch.nn.Linear(16, 64), "attn": torch.nn.Linear(64, 64),
                                  "odd": torch.nn.Linear(64, 50), "mlp": torch.nn.Linear(64, 64),
@@ -234,7 +313,7 @@ def test_linear_plan_filters_by_name_shape_and_position():
 
 
 def test_small_layers_are_named_in_one_warning_before_training(caplog):
-    from torchbay.fp8 import SMALL_LAYER_HARMONIC, harmonic_size, small_layers
+    from torchbay_fp8.linears import SMALL_LAYER_HARMONIC, harmonic_size, small_layers
 
     assert small_layers({"a": (1024, 1024), "b": (2048, 2048), "c": (1024, 4096), "d": (8192, 8192)}) == ["a", "c"]
     assert harmonic_size(2048, 2048) >= SMALL_LAYER_HARMONIC > harmonic_size(1024, 4096)
@@ -364,7 +443,7 @@ def test_emulated_fp8_fsdp2_two_processes_all_gathers_fp8_and_resumes_exactly(tw
 
 
 def _fp8_section(**values):
-    from torchbay.config import FP8Config
+    from torchbay_fp8 import FP8Config
 
     return FP8Config(**values)
 

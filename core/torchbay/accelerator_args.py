@@ -120,7 +120,8 @@ class AccelerateSurface:
 
     @property
     def fp8_backend(self) -> str | None:
-        return self.config.fp8.backend if self.config.mixed_precision == "fp8" else None
+        """Accelerate's name: the engine of ``mixed_precision="fp8"`` (the one ``auto`` chose), else None."""
+        return self.precision.engine if self.config.mixed_precision == "fp8" else None
 
     @property
     def is_fsdp2(self) -> bool:

@@ -13,7 +13,7 @@ import difflib
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -53,22 +53,6 @@ class Section(BaseModel):
     """Base of every config section: unknown keys are errors, values are checked on set."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
-
-
-class FP8Config(Section):
-    """Settings every FP8 engine reads; an engine rejects what it cannot honour."""
-
-    backend: str = Field("auto", description="FP8 engine: an installed engine's name, or auto")
-    recipe: Literal["tensorwise", "rowwise", "delayed", "current", "block", "mxfp8"] = "tensorwise"
-    format: Literal["E4M3", "HYBRID"] = Field("HYBRID", description="HYBRID: E4M3 forward, E5M2 backward")
-    margin: int = Field(0, ge=0)
-    amax_history_len: int = Field(16, ge=1)
-    amax_compute_algo: Literal["max", "most_recent"] = "max"
-    include: list[str] = Field(default_factory=list, description="convert only modules whose name matches one of these regexes")
-    exclude: list[str] = Field(default_factory=list, description="never convert modules whose name matches one of these regexes")
-    keep_first_and_last: bool = Field(True, description="keep the first and last Linear in higher precision")
-    outer_autocast: bool = Field(True, description="keep a bf16 autocast around the FP8 forward")
-    engine_options: dict[str, Any] = Field(default_factory=dict, description="passed to the engine as is")
 
 
 class DataLoaderSection(Section):
@@ -125,7 +109,8 @@ class CoreConfig(Section):
                                            description="device ids the workers of torchbay launch see (the device's "
                                                        "visible-devices variable), comma-separated; unset: inherit")
     strategy: str = Field("auto", description="a registered strategy name, or auto (ddp with >1 process)")
-    mixed_precision: Literal["no", "fp16", "bf16", "fp8"] = "no"
+    mixed_precision: str = Field("no", pattern=r"^[a-z][a-z0-9_]*$",
+                                 description="no, fp16, bf16, or a mode an installed plugin registers")
     gradient_accumulation_steps: int = Field(1, ge=1)
     seed: Optional[int] = None
     step_scheduler_with_optimizer: bool = True
@@ -134,7 +119,6 @@ class CoreConfig(Section):
     process_group_timeout_s: Optional[float] = Field(
         600.0, gt=0, description="seconds a collective waits for every rank before it fails (and torchbay launch "
                                  "reports where each rank was); null: torch's own default (30 min)")
-    fp8: FP8Config = Field(default_factory=FP8Config)
     dataloader: DataLoaderSection = Field(default_factory=DataLoaderSection)
     project: ProjectSection = Field(default_factory=ProjectSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
@@ -336,6 +320,10 @@ def resolve_config(*, file: str | os.PathLike | None = None, environ: Mapping[st
     and only ``args`` are layered on top.
     """
     environ = os.environ if environ is None else environ
+    if pm is None:
+        from torchbay.plugins import get_plugin_manager
+
+        pm = get_plugin_manager()
     model = config_model(pm)
     sources: dict[str, str] = {}
     tree: dict[str, Any] = {}
@@ -354,11 +342,27 @@ def resolve_config(*, file: str | os.PathLike | None = None, environ: Mapping[st
         for source, layer in layers:
             merge(tree, layer, source, sources)
     merge(tree, dotted_to_tree(args or {}), "args", sources)
+    problems = mode_problems(tree.get("mixed_precision", "no"), pm, sources)
     try:
         config = model.model_validate(tree)
     except ValidationError as exc:
-        raise ConfigError(describe_errors(exc, model, sources)) from None
+        problems = describe_errors(exc, model, sources) + problems
+    if problems:
+        raise ConfigError(problems)
     return ResolvedConfig(config, sources)
+
+
+def mode_problems(mode: Any, pm, sources: dict[str, str]) -> list[str]:
+    """``mixed_precision`` names a mode no installed plugin registers: say what to install."""
+    from torchbay.precision import by_mode, install_hint
+
+    modes = by_mode(pm.registries()["precisions"])
+    if not isinstance(mode, str) or mode in modes:
+        return []  # a value of the wrong type is reported by the model
+    source = _source_for("mixed_precision", sources)
+    where = f" (set in {source})" if source else ""
+    return [f"'mixed_precision' = {mode!r}{where}: no installed plugin registers this precision mode "
+            f"(registered: {', '.join(modes)}); use one of them, or install {install_hint(mode)}"]
 
 
 def describe_errors(exc: ValidationError, model: type[BaseModel], sources: dict[str, str]) -> list[str]:

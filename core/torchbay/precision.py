@@ -1,8 +1,11 @@
 """The precision axis: autocast, loss scaling and module conversion.
 
 :class:`Precision` does nothing (full precision); subclasses override what they change.
-Built-in: ``no``, ``fp16`` and ``bf16`` (torch.amp). FP8 engines are separate
-distributions that register a class with ``name = "fp8"`` and their ``fp8_backend``.
+Built-in: ``no``, ``fp16`` and ``bf16`` (torch.amp). Other modes exist only because a
+plugin registers a class for them. The registry is keyed by ``(mode, engine)``: a plain mode
+has one class (``engine = None``); a mode several engines serve has one class per engine,
+and the user picks one with ``<mode>.backend`` (``auto``: the available engine of highest
+``priority``) in the config section of that name, which the mode's plugin contributes.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ if TYPE_CHECKING:  # pragma: no cover
 class Precision:
     """Full precision: no conversion, no autocast, no loss scaling."""
 
+    #: the ``mixed_precision`` value (mode) this class serves
     name: ClassVar[str] = "no"
-    #: for ``name == "fp8"``: the ``fp8.backend`` value this engine serves
-    fp8_backend: ClassVar[str | None] = None
-    #: order among FP8 engines for ``fp8.backend: auto`` (higher first)
+    #: for a mode several engines serve: the ``<mode>.backend`` value this class serves
+    engine: ClassVar[str | None] = None
+    #: order among a mode's engines for ``<mode>.backend: auto`` (higher first)
     priority: ClassVar[int] = 0
     #: import name of the engine library (checked cheaply with find_spec), or None
     engine_module: ClassVar[str | None] = None
@@ -107,3 +111,34 @@ class Precision:
 
     def describe(self) -> str:
         return self.name
+
+
+# --- the registry: (mode, engine) -> class ----------------------------------------------
+
+#: modes no built-in serves -> the distribution(s) that register them, for the error when
+#: none is installed (data only: the core imports none of them)
+MODE_DISTRIBUTIONS = {"fp8": "an FP8 engine plugin: pip install torchbay-fp8-<engine> (engines: docs/fp8.md)"}
+
+
+def registry_key(cls: type) -> str:
+    """The registry key of a precision class: ``mode``, or ``mode:engine`` for an engine."""
+    engine = getattr(cls, "engine", None)
+    return f"{cls.name}:{engine}" if engine else cls.name
+
+
+def by_mode(registry: dict[str, type]) -> dict[str, dict[str | None, type]]:
+    """``{mode: {engine: class}}`` from the registry (a plain mode's engine is ``None``)."""
+    modes: dict[str, dict[str | None, type]] = {}
+    for cls in registry.values():
+        modes.setdefault(cls.name, {})[getattr(cls, "engine", None)] = cls
+    return modes
+
+
+def engine_setting(config: Any, mode: str) -> str:
+    """The ``<mode>.backend`` value (``auto`` when the mode's section or key is absent)."""
+    return getattr(getattr(config, mode, None), "backend", "auto")
+
+
+def install_hint(mode: str) -> str:
+    """What to install so that ``mixed_precision: <mode>`` has an implementation."""
+    return MODE_DISTRIBUTIONS.get(mode, f"a plugin that registers it (pip install torchbay-{mode})")

@@ -13,7 +13,7 @@ from torchbay.cluster import detect_cluster_environment
 from torchbay.config import ResolvedConfig
 from torchbay.context import RunContext
 from torchbay.errors import IncompatibleSetupError, PluginError, TorchbayError
-from torchbay.precision import Precision
+from torchbay.precision import Precision, by_mode, engine_setting, install_hint
 from torchbay.strategy import Strategy
 
 log = logging.getLogger("torchbay")
@@ -69,40 +69,70 @@ def select_strategy(name: str, registry: dict[str, Any], world_size: int, pm, pr
 
 
 def select_precision(config, registry: dict[str, Any], device_cls, pm, problems: list[str]):
+    """The class of ``config.mixed_precision``; for a mode several engines serve, the one
+    ``<mode>.backend`` names, or with ``auto`` the available engine of highest priority."""
+    modes = by_mode(registry)
     mode = config.mixed_precision
-    engines = {key.split(":", 1)[1]: cls for key, cls in registry.items() if key.startswith("fp8:")}
-    backend = config.fp8.backend
-    if mode != "fp8":
-        cls = registry.get(mode)
+    for other, engines in modes.items():  # an engine named for a mode not in use is still a typo
+        choice = engine_setting(config, other)
+        if other != mode and _has_engines(engines) and choice != "auto" and choice not in engines:
+            problems.append(f"{other}.backend '{choice}' is not an installed {other.upper()} engine (installed "
+                            f"engines: {_names(engines)}); set {other}.backend to one of them or auto, "
+                            f"or pip install torchbay-{other}-{choice}")
+    engines = modes.get(mode)
+    if engines is None:
+        problems.append(f"mixed_precision '{mode}' has no registered implementation (registered: "
+                        f"{', '.join(modes)}); install {install_hint(mode)}")
+        return None
+    if not _has_engines(engines):
+        return engines[None]
+    return _select_engine(mode, engines, engine_setting(config, mode), config, device_cls, problems)
+
+
+def _has_engines(engines: dict) -> bool:
+    return any(engine is not None for engine in engines)
+
+
+def _names(engines: dict) -> str:
+    return ", ".join(sorted(e for e in engines if e is not None)) or "none"
+
+
+def _select_engine(mode: str, engines: dict, choice: str, config, device_cls, problems: list[str]):
+    if choice != "auto":
+        cls = engines.get(choice)
         if cls is None:
-            problems.append(f"mixed_precision '{mode}' has no registered implementation (is the amp plugin blocked?)")
-        if backend != "auto" and backend not in engines:
-            problems.append(f"fp8.backend '{backend}' is not an installed FP8 engine (installed engines: "
-                            f"{', '.join(sorted(engines)) or 'none'}); set fp8.backend to one of them or auto, "
-                            f"or pip install torchbay-fp8-{backend}")
-        return cls
-    if backend != "auto":
-        cls = engines.get(backend)
-        if cls is None:
-            problems.append(f"fp8 backend '{backend}' is not installed (installed engines: "
-                            f"{', '.join(sorted(engines)) or 'none'}): pip install torchbay-fp8-{backend}")
+            problems.append(f"{mode} backend '{choice}' is not installed (installed engines: {_names(engines)}): "
+                            f"pip install torchbay-{mode}-{choice}")
             return None
         reason = device_cls and cls.unavailable_reason(device_cls, config)
         if reason:
-            problems.append(f"fp8 backend '{backend}' cannot run here: {reason}")
+            problems.append(f"{mode} backend '{choice}' cannot run here: {reason}")
         return cls
     reasons = []
-    for name, cls in sorted(engines.items(), key=lambda kv: -kv[1].priority):
+    ranked = sorted(((e, c) for e, c in engines.items() if e is not None), key=lambda ec: -ec[1].priority)
+    for engine, cls in ranked:
         reason = cls.unavailable_reason(device_cls, config) if device_cls else "no device"
         if reason is None:
-            log.info("fp8.backend auto chose '%s': the highest-priority installed engine that supports device '%s'"
-                     " (skipped: %s)", name, getattr(device_cls, "name", "?"), "; ".join(reasons) or "none")
+            log.info("%s.backend auto chose '%s': the highest-priority installed engine that supports device '%s'"
+                     " (skipped: %s)", mode, engine, getattr(device_cls, "name", "?"), "; ".join(reasons) or "none")
             return cls
-        reasons.append(f"{name}: {reason}")
-    problems.append("mixed_precision fp8 with fp8.backend auto found no usable FP8 engine ("
-                    + ("; ".join(reasons) if reasons else "none is installed") +
-                    "); install one, e.g. pip install torchbay-fp8-<engine>, or use mixed_precision: bf16")
+        reasons.append(f"{engine}: {reason}")
+    problems.append(f"mixed_precision {mode} with {mode}.backend auto found no usable {mode.upper()} engine ("
+                    + "; ".join(reasons) + f"); install one ({install_hint(mode)}), or use mixed_precision: bf16")
     return None
+
+
+def _unused_section_warning(resolved, modes: dict) -> None:
+    """Settings in a mode's section (``<mode>.*``) while another mode runs have no effect: say so."""
+    config = resolved.config
+    for mode in modes:
+        if mode == config.mixed_precision:
+            continue
+        set_here = sorted(k for k, src in resolved.sources.items() if k.startswith(f"{mode}.") and src != "default")
+        if set_here:
+            log.warning("torchbay: %s set but mixed_precision is '%s', so no %s engine runs and the %s section has "
+                        "no effect; set mixed_precision: %s to use it, or remove the %s section",
+                        ", ".join(set_here), config.mixed_precision, mode.upper(), mode, mode, mode)
 
 
 def build_context(resolved: ResolvedConfig, pm, cluster=None) -> RunContext:
@@ -137,11 +167,8 @@ def build_context(resolved: ResolvedConfig, pm, cluster=None) -> RunContext:
     for name in sorted(selected):
         if pm.is_failed(name):  # it failed in a hook since it registered the class: the run cannot use it
             problems.append(pm.infos[name].message)
-    fp8_set = sorted(k for k, src in resolved.sources.items() if k.startswith("fp8.") and src != "default")
-    if fp8_set and config.mixed_precision != "fp8" and not problems:
-        log.warning("torchbay: %s set but mixed_precision is '%s', so no FP8 engine runs and the fp8 section has "
-                    "no effect; set mixed_precision: fp8 to use it, or remove the fp8 section",
-                    ", ".join(fp8_set), config.mixed_precision)
+    if not problems:
+        _unused_section_warning(resolved, by_mode(registries["precisions"]))
     pm.selected = selected  # from now on a failure of these stops the run instead of disabling them
     if problems:
         raise IncompatibleSetupError(problems)

@@ -39,7 +39,7 @@ if args.train:
     toy.STEPS["count"] = 0
     acc.load_state(args.ckpt)
     out["run"] = {"device": acc.device_backend.name, "strategy": acc.strategy.name,
-                  "precision": f"{acc.precision.name}:{acc.precision.fp8_backend}",
+                  "precision": f"{acc.precision.name}:{acc.precision.engine}",
                   "io": acc.checkpoint_io.name, "cluster": acc.context.cluster.name,
                   "toy_level": acc.config.toy.level, "events": toy.EVENTS, "steps": toy.STEPS["count"]}
     acc.end_training()

@@ -2,9 +2,11 @@
 
 Flags are generated from the config model, so a new core setting gets its flag for free:
 top-level keys and the ``launch`` section use their own name (``--mixed-precision``,
-``--num-processes``), other sections are prefixed (``--fp8-backend``, ``--dataloader-split-batches``,
+``--num-processes``), other sections are prefixed (``--dataloader-split-batches``,
 ``--checkpoint-io``). ``--set KEY=VALUE`` sets any key, plugin sections included. Plugins add
-their own flags through ``torchbay_add_cli_options`` with ``dest="<section>.<key>"``.
+their own flags through ``torchbay_add_cli_options`` with ``dest="<section>.<key>"``, or get
+flags generated the same way for their whole section with :func:`add_section_options`
+(``--<section>-<key>``, e.g. ``--fp8-backend`` from the FP8 plugins' section).
 Every flag's value is validated by the config model, so a bad value is reported with the
 flag that set it, like any other config error.
 """
@@ -20,8 +22,10 @@ from torchbay.errors import ConfigError
 #: sections whose keys get no prefix on the command line
 UNPREFIXED = ("launch",)
 #: keys with no flag of their own (use --set)
-NO_FLAG = {"fp8.engine_options"}
+NO_FLAG: set[str] = set()
 CONFIG_DESTS_ATTR = "_torchbay_config_dests"
+#: attribute of a generated flag's argparse action: the config field's annotation
+ANNOTATION_ATTR = "torchbay_annotation"
 
 
 def _is_section(annotation: Any) -> bool:
@@ -68,6 +72,34 @@ def core_flags() -> list[tuple[str, str, Any, str]]:
     return out
 
 
+def _add_flag(container, flag: str, dotted: str, annotation: Any, help_text: str) -> argparse.Action:
+    """One generated flag for the config key ``dotted`` (bools take an optional value, lists repeat)."""
+    kind = _kind(annotation)
+    kwargs: dict[str, Any] = {"dest": dotted, "default": argparse.SUPPRESS,
+                              "help": help_text.replace("%", "%%") or None}
+    if kind in ("bool", "optional-bool"):
+        kwargs.update(nargs="?", const="true", metavar="BOOL")
+    elif kind == "list":
+        kwargs.update(action="append", metavar="VALUE")
+    else:
+        kwargs["metavar"] = dotted.rpartition(".")[2].upper()
+    action = container.add_argument(flag, **kwargs)
+    setattr(action, ANNOTATION_ATTR, annotation)
+    return action
+
+
+def add_section_options(container, section: str, model: Any, skip: set[str] | frozenset[str] = frozenset()) -> None:
+    """Add a ``--<section>-<key>`` flag for every key of a plugin's config section ``model``
+    (but those in ``skip``), parsed like the core's own flags (``parser`` or an argument group).
+
+    Called from a plugin's ``torchbay_add_cli_options``; values set this way are validated by
+    the config model and reported with the flag, like every other flag.
+    """
+    for key, field in model.model_fields.items():
+        if key not in skip:
+            _add_flag(container, flag_name(section, key), f"{section}.{key}", field.annotation, field.description or "")
+
+
 def add_config_options(parser: argparse.ArgumentParser, command: str, pm=None) -> None:
     """Add ``--config-file``, a flag per core setting, ``--set`` and the plugins' flags."""
     dests: dict[str, str] = {}
@@ -75,15 +107,7 @@ def add_config_options(parser: argparse.ArgumentParser, command: str, pm=None) -
                         help="YAML config file (default: $TORCHBAY_CONFIG_FILE)")
     group = parser.add_argument_group("settings (each overrides the config file and TORCHBAY_* variables)")
     for flag, dotted, annotation, help_text in core_flags():
-        kind = _kind(annotation)
-        kwargs: dict[str, Any] = {"dest": dotted, "default": argparse.SUPPRESS, "help": help_text or None}
-        if kind in ("bool", "optional-bool"):
-            kwargs.update(nargs="?", const="true", metavar="BOOL")
-        elif kind == "list":
-            kwargs.update(action="append", metavar="VALUE")
-        else:
-            kwargs["metavar"] = dotted.rpartition(".")[2].upper()
-        group.add_argument(flag, **kwargs)
+        _add_flag(group, flag, dotted, annotation, help_text)
         dests[dotted] = flag
     group.add_argument("--set", dest="_set", action="append", default=[], metavar="KEY=VALUE",
                        help="set any key, plugin sections included (value is YAML): --set fsdp_like.key=true")
@@ -97,8 +121,9 @@ def add_config_options(parser: argparse.ArgumentParser, command: str, pm=None) -
         if id(action) not in before and action.dest and action.dest != argparse.SUPPRESS:
             action.default = argparse.SUPPRESS  # only flags actually given count as the "cli" source
             dests[action.dest] = (action.option_strings or [action.dest])[0]
+    annotations = {a.dest: getattr(a, ANNOTATION_ATTR) for a in parser._actions if hasattr(a, ANNOTATION_ATTR)}
     setattr(parser, CONFIG_DESTS_ATTR, dests)
-    parser.set_defaults(_config_dests=dests)
+    parser.set_defaults(_config_dests=dests, _config_annotations=annotations)
 
 
 def cli_values(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,7 +131,9 @@ def cli_values(args: argparse.Namespace) -> dict[str, Any]:
     import yaml
 
     dests: dict[str, str] = getattr(args, "_config_dests", {})
-    annotations = {dotted: annotation for _, dotted, annotation, _ in core_flags()}
+    annotations = getattr(args, "_config_annotations", None)
+    if annotations is None:
+        annotations = {dotted: annotation for _, dotted, annotation, _ in core_flags()}
     out: dict[str, Any] = {}
     for dotted in dests:
         if not hasattr(args, dotted):

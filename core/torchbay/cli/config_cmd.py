@@ -257,23 +257,7 @@ def build_interactively(pm, asker: Asker) -> dict[str, Any]:
     if strategy != "auto":
         _ask_section(asker, pm, strategy, tree)
 
-    precisions = registries["precisions"]
-    modes = [m for m in ("no", "fp16", "bf16") if m in precisions]
-    if device_cls is not None:
-        import torch
-
-        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}
-        modes = [m for m in modes if m == "no" or device_cls.supports_autocast(dtype[m])]
-    engines = sorted(key.split(":", 1)[1] for key in precisions if key.startswith("fp8:"))
-    if engines:
-        modes.append("fp8")
-    mode = asker.ask("Mixed precision?", "no", modes) if len(modes) > 1 else "no"
-    tree["mixed_precision"] = mode
-    if mode == "fp8":
-        backend = asker.ask("Which FP8 engine?", "auto", ["auto", *engines]) if len(engines) > 1 else engines[0]
-        tree["fp8"] = {"backend": backend}
-        if backend != "auto":
-            _ask_section(asker, pm, backend, tree)
+    _ask_precision(asker, pm, registries["precisions"], device_cls, tree)
     steps = asker.ask("Gradient accumulation steps?", 1, cast=int)
     if steps != 1:
         tree["gradient_accumulation_steps"] = steps
@@ -281,6 +265,28 @@ def build_interactively(pm, asker: Asker) -> dict[str, Any]:
     if seed not in (None, "none"):
         tree["seed"] = seed
     return tree
+
+
+def _ask_precision(asker: Asker, pm, registry: dict[str, Any], device_cls, tree: dict[str, Any]) -> None:
+    """Ask for ``mixed_precision`` and, for a mode several engines serve, which engine (written
+    as ``<mode>.backend``); autocast modes the device does not support are not offered."""
+    from torchbay.precision import by_mode
+
+    modes = by_mode(registry)
+    offered = []
+    for mode, engines in modes.items():
+        dtype = getattr(engines.get(None), "dtype", None)  # an autocast mode: the device must support it
+        if device_cls is None or dtype is None or device_cls.supports_autocast(dtype):
+            offered.append(mode)
+    mode = asker.ask("Mixed precision?", "no", offered) if len(offered) > 1 else "no"
+    tree["mixed_precision"] = mode
+    engines = sorted(e for e in modes.get(mode, {}) if e is not None)
+    if engines:
+        backend = asker.ask(f"Which {mode.upper()} engine?", "auto", ["auto", *engines]) if len(engines) > 1 \
+            else engines[0]
+        tree[mode] = {"backend": backend}
+        if backend != "auto":
+            _ask_section(asker, pm, backend, tree)
 
 
 def default_tree(pm) -> dict[str, Any]:

@@ -127,10 +127,10 @@ def _refuse_arguments(spec: str, factory) -> None:
 
 
 def estimate(counts: dict[str, int], resolved, pm, world_size: int) -> list[dict[str, Any]]:
+    from torchbay.precision import by_mode
+
     registries = pm.registries()
-    modes = [m for m in ("no", "fp16", "bf16") if m in registries["precisions"]]
-    if any(key.startswith("fp8:") for key in registries["precisions"]):
-        modes.append("fp8")
+    modes = list(by_mode(registries["precisions"]))  # every registered mode, once (engines share a row)
     rows = []
     for name, cls in sorted(registries["strategies"].items()):
         if (world_size > 1 and not cls.multi_process) or (world_size == 1 and not cls.single_process):

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from torchbay.errors import CheckpointError
-from torchbay.precision import Precision
 
-from torchbay import fp8 as fp8_support
+from torchbay_fp8 import FP8Precision, plan_linears, warn_small_layers
+from torchbay_fp8.precision import is_explicit
 from torchbay_fp8_te import recipes
 
 log = logging.getLogger("torchbay.fp8")
@@ -31,10 +31,10 @@ log = logging.getLogger("torchbay.fp8")
 ENGINE = "te"
 
 OPTIONS: dict[str, Any] = {
+    **FP8Precision.accepted_options,
     "convert_layernorm": bool,     # nn.LayerNorm -> te.LayerNorm (default true)
     "recipe_kwargs": dict,         # extra keyword arguments of the TE recipe class
     "amax_reduction": bool,        # reduce amaxes over the data-parallel group (default true)
-    "small_layer_threshold": (int, float),
 }
 
 
@@ -42,10 +42,13 @@ def _is_te_module(module: torch.nn.Module) -> bool:
     return type(module).__module__.startswith("transformer_engine")
 
 
-class TransformerEngineFP8Precision(Precision):
-    name = "fp8"
-    fp8_backend = ENGINE
+class TransformerEngineFP8Precision(FP8Precision):
+    """Transformer Engine modules in place of eligible Linear/LayerNorm, TE's FP8 autocast around
+    the forward (inside the base's bf16 autocast), FP8 scaling state saved per rank."""
+
+    engine = ENGINE
     priority = 100
+    accepted_options = OPTIONS
     engine_module = "transformer_engine"
     install_hint = ("pip install 'torchbay-fp8-te[engine]' (installs transformer-engine[pytorch]; it builds "
                     "against your CUDA toolkit)")
@@ -74,13 +77,9 @@ class TransformerEngineFP8Precision(Precision):
     @classmethod
     def check(cls, context) -> list[str]:
         fp8 = context.config.fp8
-        explicit = lambda key: fp8_support.is_explicit(context, key)  # noqa: E731
-        problems = recipes.recipe_problems(fp8, explicit)
-        problems += fp8_support.option_problems(ENGINE, dict(fp8.engine_options), OPTIONS)
+        problems = super().check(context)
+        problems += recipes.recipe_problems(fp8, lambda key: is_explicit(context, key))
         device = context.device_backend_cls
-        if fp8.outer_autocast and not device.supports_autocast(torch.bfloat16):
-            problems.append(f"fp8.outer_autocast needs bf16 autocast, which device '{device.name}' lacks; "
-                            f"set fp8.outer_autocast: false")
         if not problems and device.torch_type() == "cuda" and cls.unavailable_reason(device) is None:
             problems += cls._hardware_problems(fp8.recipe)
         return problems
@@ -110,10 +109,7 @@ class TransformerEngineFP8Precision(Precision):
     # -- set-up -------------------------------------------------------------------------
     def __init__(self, context):
         super().__init__(context)
-        self.fp8 = context.config.fp8
-        self.options = dict(self.fp8.engine_options)
-        self._explicit = lambda key: fp8_support.is_explicit(context, key)
-        self.recipe_spec = recipes.recipe_spec(self.fp8, self._explicit)
+        self.recipe_spec = recipes.recipe_spec(self.fp8, self.is_explicit)
         self._recipe = None
         #: per prepared model: names of the modules converted to TE (or found already TE)
         self.converted: list[list[str]] = []
@@ -123,7 +119,7 @@ class TransformerEngineFP8Precision(Precision):
     @property
     def recipe(self):
         if self._recipe is None:
-            self._recipe = recipes.build_recipe(self.fp8, self._explicit)
+            self._recipe = recipes.build_recipe(self.fp8, self.is_explicit)
         return self._recipe
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -132,7 +128,7 @@ class TransformerEngineFP8Precision(Precision):
         import transformer_engine.pytorch as te
 
         index = len(self._models)
-        main = fp8_support.is_main_process(self.context)
+        main = self.is_main_process
         existing = [name for name, m in module.named_modules() if _is_te_module(m)]
         if existing:
             converted = []
@@ -140,7 +136,7 @@ class TransformerEngineFP8Precision(Precision):
                 log.info("fp8 (te): the model already has %d Transformer Engine module(s); using it as it is",
                          len(existing))
         else:
-            plan = fp8_support.plan_linears(module, self.fp8)
+            plan = plan_linears(module, self.fp8)
             device = self.device_backend.device if self.device_backend.torch_type() == "cuda" else "cuda"
             for name in plan.convert:
                 module = _replace(module, name, _te_linear(te, module.get_submodule(name), device))
@@ -152,7 +148,7 @@ class TransformerEngineFP8Precision(Precision):
                         converted.append(name)
             if main:
                 log.info("fp8 (te, %s): %s", self.recipe_spec[0], plan.describe())
-            fp8_support.warn_small_layers(ENGINE, {n: plan.shapes[n] for n in plan.convert}, self.options, main)
+            warn_small_layers(ENGINE, {n: plan.shapes[n] for n in plan.convert}, self.options, main)
         self.converted.append(converted)
         self._models.append(module)
         for name, m in module.named_modules():
@@ -163,15 +159,13 @@ class TransformerEngineFP8Precision(Precision):
     # -- every step ---------------------------------------------------------------------
     @property
     def wraps_forward(self) -> bool:
-        return True
+        return True  # TE's FP8 autocast, with or without the outer bf16 one
 
     def forward_context(self, handler=None):
         import transformer_engine.pytorch as te
 
         stack = contextlib.ExitStack()
-        if self.fp8.outer_autocast:
-            enabled = handler.enabled if handler is not None else True
-            stack.enter_context(self.device_backend.autocast(torch.bfloat16, enabled=enabled))
+        stack.enter_context(super().forward_context(handler))  # bf16 autocast with fp8.outer_autocast
         group = None
         if self.options.get("amax_reduction", True) and torch.distributed.is_available() \
                 and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
@@ -233,9 +227,7 @@ class TransformerEngineFP8Precision(Precision):
                 "converted": [list(c) for c in self.converted]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("engine") != ENGINE:
-            raise CheckpointError(f"precision: the checkpoint was saved with fp8 engine {state.get('engine')!r}, "
-                                  f"this run uses 'te'")
+        self.check_saved_engine(state)
         if state.get("converted") != self.converted:
             raise CheckpointError(f"precision: the checkpoint converted other modules to TE ({state.get('converted')}) "
                                   f"than this run ({self.converted})")

@@ -21,7 +21,8 @@ import torch
 
 from torchbay.errors import CheckpointError
 
-from torchbay import fp8 as fp8_support
+from torchbay_fp8 import FP8Precision, LinearPlan, plan_linears, warn_small_layers
+from torchbay_fp8.precision import is_explicit
 
 log = logging.getLogger("torchbay.fp8")
 
@@ -31,13 +32,13 @@ ENGINE = "torchao"
 RECIPES = {"tensorwise": "tensorwise", "current": "tensorwise", "rowwise": "rowwise"}
 
 OPTIONS: dict[str, Any] = {
+    **FP8Precision.accepted_options,
     "emulate": bool,                        # emulate FP8 numerics (any device; slow, for tests)
     "recipe_name": {"tensorwise", "rowwise", "rowwise_with_gw_hp"},  # a torchao recipe, overrides fp8.recipe
     "enable_fsdp_float8_all_gather": bool,  # default: on under FSDP2 with a tensorwise recipe
     "precompute_scales": bool,              # default: on when FP8 all-gather is on
     "pad_inner_dim": bool,
     "round_scales_to_power_of_2": bool,
-    "small_layer_threshold": (int, float),
 }
 
 
@@ -56,14 +57,14 @@ def fast_path_reason(device_backend_cls) -> str | None:
     return f"device type '{device_type}' has no FP8 matmul that torchao uses (NVIDIA compute capability 8.9+ or ROCm MI300+)"
 
 
-class TorchaoFP8Precision(fp8_support.FP8Precision):
+class TorchaoFP8Precision(FP8Precision):
     """torchao Float8 training: converted Linears, optional bf16 autocast around the forward."""
 
-    name = "fp8"
-    fp8_backend = ENGINE
+    engine = ENGINE
     priority = 50
     engine_module = "torchao"
     install_hint = "pip install torchbay-fp8-torchao (it requires torchao)"
+    accepted_options = OPTIONS
 
     # -- validation ---------------------------------------------------------------------
     @classmethod
@@ -83,23 +84,19 @@ class TorchaoFP8Precision(fp8_support.FP8Precision):
     def check(cls, context) -> list[str]:
         fp8 = context.config.fp8
         options = dict(fp8.engine_options)
-        problems = fp8_support.option_problems(ENGINE, options, OPTIONS)
+        problems = super().check(context)
         if fp8.recipe not in RECIPES:
-            problems.append(fp8_support.unsupported_setting(
-                ENGINE, "recipe", fp8.recipe, "torchao offers dynamic scaling only: tensorwise (= current) or rowwise; "
+            problems.append(cls.unsupported(
+                "recipe", fp8.recipe, "torchao offers dynamic scaling only: tensorwise (= current) or rowwise; "
                 "for delayed, block or mxfp8 scaling use fp8.backend: te"))
         if fp8.margin:
-            problems.append(fp8_support.unsupported_setting(ENGINE, "margin", fp8.margin,
-                                                        "a margin applies to delayed scaling; set it to 0 or use fp8.backend: te"))
+            problems.append(cls.unsupported("margin", fp8.margin,
+                                            "a margin applies to delayed scaling; set it to 0 or use fp8.backend: te"))
         for key in ("amax_history_len", "amax_compute_algo"):
-            if fp8_support.is_explicit(context, key):
-                problems.append(fp8_support.unsupported_setting(
-                    ENGINE, key, getattr(fp8, key), "amax history belongs to delayed scaling, which torchao does not "
+            if is_explicit(context, key):
+                problems.append(cls.unsupported(
+                    key, getattr(fp8, key), "amax history belongs to delayed scaling, which torchao does not "
                     "offer; remove the setting or use fp8.backend: te"))
-        device = context.device_backend_cls
-        if fp8.outer_autocast and not device.supports_autocast(torch.bfloat16):
-            problems.append(f"fp8.outer_autocast needs bf16 autocast, which device '{device.name}' lacks; "
-                            f"set fp8.outer_autocast: false")
         if options.get("enable_fsdp_float8_all_gather") and not cls._is_fsdp2(context):
             problems.append("fp8.engine_options.enable_fsdp_float8_all_gather needs strategy: fsdp (FSDP2)")
         if options.get("enable_fsdp_float8_all_gather") and cls._recipe_name(fp8, options) != "tensorwise":
@@ -121,10 +118,7 @@ class TorchaoFP8Precision(fp8_support.FP8Precision):
     # -- set-up -------------------------------------------------------------------------
     def __init__(self, context):
         super().__init__(context)
-        fp8 = context.config.fp8
-        self.fp8 = fp8
-        self.options = dict(fp8.engine_options)
-        self.recipe_name = self._recipe_name(fp8, self.options)
+        self.recipe_name = self._recipe_name(self.fp8, self.options)
         self.emulate = bool(self.options.get("emulate", False))
         fsdp2 = self._is_fsdp2(context)
         self.fsdp_float8_all_gather = bool(self.options.get(
@@ -132,11 +126,11 @@ class TorchaoFP8Precision(fp8_support.FP8Precision):
         self.precompute_scales = bool(self.options.get("precompute_scales", self.fsdp_float8_all_gather))
         #: per converted model (in prepare order): the names of the converted Linear modules
         self.converted: list[list[str]] = []
-        self.plans: list[fp8_support.LinearPlan] = []
+        self.plans: list[LinearPlan] = []
         self._modules: list[torch.nn.Module] = []
         #: how many times the FSDP2 FP8 weight scales were precomputed (after optimizer steps, after loads)
         self.scale_precomputations = 0
-        if self.emulate and fp8_support.is_main_process(context):
+        if self.emulate and self.is_main_process:
             log.warning("fp8 (torchao): emulating FP8 (fp8.engine_options.emulate: true): FP8 numerics computed in "
                         "high precision; expect it to be slower than bf16. Use it to test, not to train fast.")
 
@@ -151,7 +145,7 @@ class TorchaoFP8Precision(fp8_support.FP8Precision):
         for key in ("pad_inner_dim", "round_scales_to_power_of_2"):
             if key in self.options:
                 changes[key] = self.options[key]
-        if fp8_support.is_explicit(self.context, "format"):
+        if self.is_explicit("format"):
             # HYBRID: gradients in E5M2 (torchao's tensorwise default); E4M3: gradients in E4M3 too.
             # Unset, the torchao recipe's own choice stands (rowwise uses E4M3 throughout).
             from torchao.float8.config import e5m2_dtype
@@ -169,7 +163,7 @@ class TorchaoFP8Precision(fp8_support.FP8Precision):
             return module
         from torchao.float8 import convert_to_float8_training
 
-        plan = fp8_support.plan_linears(module, self.fp8)
+        plan = plan_linears(module, self.fp8)
         chosen = set(plan.convert)
         originals = {name: module.get_submodule(name).weight for name in plan.convert}
         module = convert_to_float8_training(module, config=self.float8_config(),
@@ -178,7 +172,7 @@ class TorchaoFP8Precision(fp8_support.FP8Precision):
         self.plans.append(plan)
         self.converted.append(list(plan.convert))
         self._modules.append(module)
-        main = fp8_support.is_main_process(self.context)
+        main = self.is_main_process
         if main:
             log.info("fp8 (torchao, recipe %s%s): %s", self.recipe_name, ", emulated" if self.emulate else "",
                      plan.describe())
@@ -186,7 +180,7 @@ class TorchaoFP8Precision(fp8_support.FP8Precision):
             log.warning("fp8 (torchao): no Linear module of this model was converted, so it trains in %s; see the "
                         "reasons above (fp8.include / fp8.exclude / fp8.keep_first_and_last)",
                         "bf16" if self.fp8.outer_autocast else "full precision")
-        fp8_support.warn_small_layers(ENGINE, {n: plan.shapes[n] for n in plan.convert}, self.options, main, self.emulate)
+        warn_small_layers(ENGINE, {n: plan.shapes[n] for n in plan.convert}, self.options, main, self.emulate)
         return module
 
     # -- every step ---------------------------------------------------------------------
@@ -216,9 +210,7 @@ class TorchaoFP8Precision(fp8_support.FP8Precision):
         return {"engine": ENGINE, "recipe": self.recipe_name, "converted": [list(c) for c in self.converted]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("engine") != ENGINE:
-            raise CheckpointError(f"precision: the checkpoint was saved with fp8 engine {state.get('engine')!r} "
-                                  f"(precision state {sorted(state)}), this run uses 'torchao'")
+        self.check_saved_engine(state)
         if state.get("converted") != self.converted:
             raise CheckpointError(f"precision: the checkpoint converted other Linear modules to FP8 "
                                   f"({state.get('converted')}) than this run ({self.converted}); use the same "

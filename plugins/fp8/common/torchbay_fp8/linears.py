@@ -1,29 +1,18 @@
-"""Engine-independent helpers for FP8 precision plugins.
+"""Which ``nn.Linear`` modules an FP8 engine converts, and which are too small to gain.
 
-It imports torch and torchbay only, never an FP8 engine:
-
-- :func:`plan_linears`: which ``nn.Linear`` modules to convert (``fp8.include`` /
-  ``fp8.exclude`` regexes, both dimensions multiples of 16, first and last Linear kept in
-  higher precision unless ``fp8.keep_first_and_last: false``);
-- :func:`small_layers` / :func:`warn_small_layers`: the "too small to gain" rule;
-- :func:`option_problems`: ``fp8.engine_options`` checked against what an engine accepts;
-- :func:`is_explicit`, :func:`unsupported_setting`, :func:`is_main_process`;
-- :class:`FP8Precision`: the base of an engine's precision (the ``fp8`` section, the
-  optional outer bf16 autocast).
+- :func:`plan_linears`: ``fp8.include`` / ``fp8.exclude`` regexes, both dimensions multiples
+  of 16, first and last Linear kept in higher precision unless ``fp8.keep_first_and_last: false``;
+- :func:`small_layers` / :func:`warn_small_layers`: the "too small to gain" rule.
 """
 
 from __future__ import annotations
 
-import contextlib
-import difflib
 import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from torchbay.precision import Precision
 
 log = logging.getLogger("torchbay.fp8")
 
@@ -115,65 +104,3 @@ def warn_small_layers(engine: str, shapes: dict[str, tuple[int, int]], options: 
             engine, len(small), len(shapes), listed, more, threshold,
             " (This run emulates FP8 and is slower than bf16 anyway.)" if emulated else "")
     return small
-
-
-def is_explicit(context, key: str) -> bool:
-    """Whether ``fp8.<key>`` was set by the user (any source but the defaults)."""
-    return context.resolved.source_of(f"fp8.{key}") != "default"
-
-
-def option_problems(engine: str, options: dict[str, Any], allowed: dict[str, Any]) -> list[str]:
-    """Unknown keys or wrong types in ``fp8.engine_options`` for ``engine``.
-
-    ``allowed`` maps each key to a type, a tuple of types, or a tuple of allowed values
-    (as a ``set``).
-    """
-    problems = []
-    for key, value in options.items():
-        if key not in allowed:
-            close = difflib.get_close_matches(key, list(allowed), n=1)
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            problems.append(f"fp8.engine_options.{key} is not an option of fp8 engine '{engine}'; {hint}"
-                            f"its options: {', '.join(sorted(allowed))}")
-            continue
-        rule = allowed[key]
-        if isinstance(rule, set):
-            if value not in rule:
-                problems.append(f"fp8.engine_options.{key} = {value!r} is not accepted by fp8 engine '{engine}'; "
-                                f"use one of {sorted(rule, key=str)}")
-        elif not isinstance(value, rule) or (rule in (int, (int, float)) and isinstance(value, bool)):
-            names = rule.__name__ if isinstance(rule, type) else " or ".join(r.__name__ for r in rule)
-            problems.append(f"fp8.engine_options.{key} = {value!r} must be {names} for fp8 engine '{engine}'")
-    return problems
-
-
-def unsupported_setting(engine: str, key: str, value: Any, why: str) -> str:
-    return f"fp8 engine '{engine}' cannot honour fp8.{key} = {value!r}: {why}"
-
-
-def is_main_process(context) -> bool:
-    strategy = getattr(context, "strategy", None)
-    if strategy is not None:
-        return strategy.rank == 0
-    return context.cluster.rank() == 0
-
-
-class FP8Precision(Precision):
-    """Base of FP8 engine precisions: reads the ``fp8`` section and, with
-    ``fp8.outer_autocast``, wraps the forward in bf16 autocast."""
-
-    name = "fp8"
-
-    def __init__(self, context):
-        super().__init__(context)
-        self.fp8 = context.config.fp8
-
-    @property
-    def wraps_forward(self) -> bool:
-        return self.fp8.outer_autocast
-
-    def forward_context(self, handler=None):
-        if not self.fp8.outer_autocast:
-            return contextlib.nullcontext()
-        enabled = handler.enabled if handler is not None else True
-        return self.device_backend.autocast(torch.bfloat16, enabled=enabled)

@@ -1,0 +1,25 @@
+"""The torchbay plugin module of torchbay-fp8 (entry point ``fp8``).
+
+Contributes the ``fp8`` config section and its ``--fp8-<key>`` flags (every key but
+``engine_options``, which ``--set fp8.engine_options.<option>=...`` sets). The engines
+themselves are registered by torchbay-fp8-te, torchbay-fp8-torchao and torchbay-fp8-msamp.
+"""
+
+from __future__ import annotations
+
+from torchbay.plugins import hookimpl
+
+from torchbay_fp8.config import FP8Config
+
+
+@hookimpl
+def torchbay_config_sections():
+    return {"fp8": FP8Config}
+
+
+@hookimpl
+def torchbay_add_cli_options(parser, command):
+    from torchbay.cli._options import add_section_options
+
+    group = parser.add_argument_group("fp8 (mixed_precision: fp8; torchbay-fp8)")
+    add_section_options(group, "fp8", FP8Config, skip={"engine_options"})
