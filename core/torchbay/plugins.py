@@ -382,8 +382,9 @@ class PluginManager(pluggy.PluginManager):
 
 
 def _precision_key(cls) -> str:
-    backend = getattr(cls, "fp8_backend", None)
-    return f"{cls.name}:{backend}" if backend else cls.name
+    from torchbay.precision import registry_key  # (mode, engine) -> "mode" or "mode:engine"
+
+    return registry_key(cls)
 
 
 def _entry_points():
