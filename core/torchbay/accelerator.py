@@ -10,21 +10,19 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copyreg
-import functools
 import gc
 import weakref
 from typing import Any, Iterable
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
 
-from torchbay import operations
 from torchbay.accelerator_args import AccelerateSurface
 from torchbay.accelerator_args import translate as translate_accelerate_arguments
+from torchbay.accelerator_prepare import Preparation
 from torchbay.accelerator_process import ProcessControl
 from torchbay.checkpointing import StateCheckpointer
 from torchbay.config import ResolvedConfig, resolve_config
-from torchbay.data import DataLoaderDispatcher, DataLoaderShard, LoaderSettings, PreparedDataLoader, SkipFirstBatches
+from torchbay.data import PreparedDataLoader, SkipFirstBatches
 from torchbay.errors import ConfigError, TorchbayError
 from torchbay.kwargs import (AutocastKwargs, DataLoaderConfiguration, DistributedDataParallelKwargs,
                              GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
@@ -41,7 +39,7 @@ def _explicit_args(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-class Accelerator(ProcessControl, AccelerateSurface):
+class Accelerator(Preparation, ProcessControl, AccelerateSurface):
     """Runs your own training loop on the configured device, strategy and precision.
 
     Arguments left as ``None`` come from the config sources (defaults < YAML file <
@@ -190,112 +188,6 @@ class Accelerator(ProcessControl, AccelerateSurface):
     def project_dir(self) -> str:
         return self.config.project.project_dir
 
-    # -- prepare -----------------------------------------------------------------------
-    def prepare(self, *objects: Any, device_placement: list[bool] | None = None) -> Any:
-        """Prepare models, optimizers, schedulers and data loaders (any order, any number of calls)."""
-        self.state.distributed_type  # noqa: B018 (raises StateResetError after AcceleratorState._reset_state())
-        objects = [self.precision.convert_module(o) if isinstance(o, torch.nn.Module) else o for o in objects]
-        kinds = [self._kind(o) for o in objects]
-        for obj, kind in zip(objects, kinds):
-            if kind == "dataloader":
-                self.strategy.connect_dataloader(obj)
-        models = [o for o, k in zip(objects, kinds) if k == "model"]
-        optimizers = [o for o, k in zip(objects, kinds) if k == "optimizer"]
-        schedulers = [o for o, k in zip(objects, kinds) if k == "scheduler"]
-        models, optimizers = self.precision.prepare(models, optimizers)
-        models, optimizers, schedulers = self.strategy.setup(models, optimizers, schedulers)
-        models = [self._wrap_forward(m) for m in models]
-        prepared_opts = [PreparedOptimizer(o, self) for o in optimizers]
-        self._models += models
-        self._optimizers += prepared_opts
-        queues = {"model": iter(models), "optimizer": iter(prepared_opts), "scheduler": iter(schedulers)}
-        result = []
-        for obj, kind in zip(objects, kinds):
-            if kind in queues:
-                obj = next(queues[kind])
-                if kind == "scheduler":
-                    obj = PreparedScheduler(obj, self._optimizers_for(obj), self)
-                    self._schedulers.append(obj)
-            elif kind == "dataloader":
-                obj = self.prepare_data_loader(obj)
-            result.append(obj)
-        return result[0] if len(result) == 1 else tuple(result)
-
-    @staticmethod
-    def _kind(obj: Any) -> str:
-        if isinstance(obj, torch.nn.Module):
-            return "model"
-        if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, PreparedOptimizer):
-            return "optimizer"
-        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or hasattr(obj, "step") and hasattr(obj, "optimizer"):
-            return "scheduler"
-        if isinstance(obj, DataLoader):
-            return "dataloader"
-        return "other"
-
-    def _optimizers_for(self, scheduler: Any) -> list[PreparedOptimizer]:
-        target = getattr(scheduler, "optimizer", None)
-        return [o for o in self._optimizers if o.optimizer is target or o is target] or list(self._optimizers)
-
-    def _wrap_forward(self, model: Any) -> Any:
-        """Run the forward in the precision's context; half-precision outputs come back as fp32
-        (as Accelerate's ``convert_outputs_to_fp32``), so a loss computed outside the model runs
-        in fp32, as it would inside a raw ``torch.autocast`` block."""
-        inner = self.strategy.unwrap_model(model)
-        if self.precision.wraps_forward and not hasattr(inner, "_torchbay_original_forward"):
-            original = inner.forward
-            precision = self.precision
-
-            @functools.wraps(original)
-            def forward(*args, **kwargs):
-                with precision.forward_context():
-                    return original(*args, **kwargs)
-
-            inner._torchbay_original_forward = original
-            inner.forward = operations.convert_outputs_to_fp32(forward) if precision.fp32_outputs else forward
-        return model
-
-    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
-                      evaluation_mode: bool = False) -> Any:
-        """Prepare one model; ``evaluation_mode=True`` only places it and applies the precision (no
-        strategy wrapping, as Accelerate does for inference)."""
-        if evaluation_mode:
-            self.state.distributed_type  # noqa: B018 (raises StateResetError after _reset_state())
-            model = self.precision.convert_module(model)
-            if self.config.device_placement if device_placement is None else device_placement:
-                model = model.to(self.device)
-            return self._wrap_forward(model)
-        return self.prepare(model)
-
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
-                          ) -> PreparedOptimizer:
-        return self.prepare(optimizer)
-
-    def prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
-        return self.prepare(scheduler)
-
-    def prepare_data_loader(self, dataloader: DataLoader, device_placement: bool | None = None,
-                            slice_fn_for_dispatch: Any = None) -> PreparedDataLoader:
-        if slice_fn_for_dispatch is not None:
-            raise ConfigError("prepare_data_loader(slice_fn_for_dispatch=...) is not supported: dispatched batches "
-                              "are sliced along dim 0 of every tensor")
-        cfg = self.config.dataloader
-        seed = cfg.data_seed if cfg.data_seed is not None else self.strategy.broadcast_object(torch.initial_seed() % 2**62)
-        placement = self.config.device_placement if device_placement is None else device_placement
-        dispatch = cfg.dispatch_batches
-        if dispatch is None:  # Accelerate's default: the main process reads iterable datasets
-            dispatch = placement and isinstance(dataloader.dataset, IterableDataset)
-        settings = LoaderSettings(num_processes=self.num_processes, process_index=self.process_index,
-                                  device=self.device if placement else None, split_batches=cfg.split_batches,
-                                  even_batches=cfg.even_batches, dispatch_batches=dispatch,
-                                  use_seedable_sampler=cfg.use_seedable_sampler, non_blocking=cfg.non_blocking,
-                                  use_stateful_dataloader=cfg.use_stateful_dataloader)
-        cls = DataLoaderDispatcher if dispatch else DataLoaderShard
-        loader = cls(dataloader, settings=settings, seed=seed, strategy=self.strategy,
-                     gradient_state=self.gradient_state, device_backend=self.device_backend)
-        self._dataloaders.append(loader)
-        return loader
-
     def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> torch.nn.Module:
         """The user's module; ``keep_fp32_wrapper=False`` also removes the mixed-precision forward."""
         inner = self.strategy.unwrap_model(model)
@@ -308,7 +200,8 @@ class Accelerator(ProcessControl, AccelerateSurface):
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         if not self.strategy.handles_accumulation and self.gradient_state.accumulation_steps > 1:
             loss = loss / self.gradient_state.accumulation_steps
-        self.strategy.backward(self.precision.scale_loss(loss), **kwargs)
+        self.strategy.backward(self.precision.scale_loss(loss), sync_gradients=self.gradient_state.sync_gradients,
+                               **kwargs)
 
     @contextlib.contextmanager
     def accumulate(self, *models: Any):
@@ -353,10 +246,23 @@ class Accelerator(ProcessControl, AccelerateSurface):
                                 f"these have not: {', '.join(bad)}")
         self._custom_objects.extend(objects)
 
-    def save_state(self, output_dir: str | None = None, **_ignored: Any) -> str:
+    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True,
+                   **save_model_func_kwargs: Any) -> str:
+        """Save everything prepared (and registered) to ``output_dir``, atomically; see
+        docs/checkpoint-guarantees.md. Model weights go through ``checkpoint.io``."""
+        _refuse_unsupported("save_state", safe_serialization is not True and "safe_serialization=False",
+                            "model weights are written by the checkpoint io (checkpoint.io), safetensors by default")
+        _refuse_unsupported("save_state", save_model_func_kwargs and ", ".join(save_model_func_kwargs),
+                            "torchbay does not pass arguments to a save function; set checkpoint.* instead")
         return str(self._checkpointer.save(output_dir))
 
-    def load_state(self, input_dir: str | None = None, **_ignored: Any) -> str:
+    def load_state(self, input_dir: str | None = None, load_kwargs: dict | None = None,
+                   **load_model_func_kwargs: Any) -> str:
+        """Restore what :meth:`save_state` wrote (verified first; nothing changes on a bad checkpoint)."""
+        _refuse_unsupported("load_state", load_kwargs and "load_kwargs",
+                            "torchbay loads optimizer state with weights_only=True and maps it itself")
+        _refuse_unsupported("load_state", load_model_func_kwargs and ", ".join(load_model_func_kwargs),
+                            "models are loaded strictly; a checkpoint that does not fit is an error")
         return str(self._checkpointer.load(input_dir))
 
     def _training_state(self) -> dict[str, Any]:
@@ -388,11 +294,21 @@ class Accelerator(ProcessControl, AccelerateSurface):
         The directory is published atomically, like save_state: it must be new, empty or an
         earlier torchbay checkpoint, and no file of an earlier save survives next to the new one.
         """
+        _refuse_unsupported("save_model", safe_serialization is not True and "safe_serialization=False",
+                            "save_model writes safetensors only (no pickle a reader would have to trust)")
         state = self.get_state_dict(model)
         return self._checkpointer.save_model_files(state, save_directory, max_shard_size)
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
-        if self.is_main_process:
+        """Save ``obj`` to ``f`` on the main process (safetensors for a dict of tensors with
+        ``safe_serialization=True``, else ``torch.save``)."""
+        if not self.is_main_process:
+            return
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(obj, f, metadata={"format": "pt"})
+        else:
             torch.save(obj, f)
 
     def free_memory(self, *objects: Any):
@@ -409,6 +325,12 @@ class Accelerator(ProcessControl, AccelerateSurface):
         """Tear down the process group; call at the end of a run (also done at exit)."""
         self.strategy.teardown()
         _live.discard(self)
+
+
+def _refuse_unsupported(method: str, what: Any, why: str) -> None:
+    """Raise for an Accelerate argument torchbay does not honour, rather than ignore it."""
+    if what:
+        raise ConfigError(f"{method}({what}) is not supported: {why}; remove the argument")
 
 
 def _make_picklable(pm: Any, config: Any) -> None:

@@ -25,6 +25,7 @@ from torchbay.checkpoint_dir import FORMAT_VERSION, MANIFEST  # noqa: F401  (MAN
 from torchbay.errors import CheckpointError
 from torchbay.rng_state import capture_rng_state, restore_rng_state
 from torchbay.safe_load import safe_torch_load
+from torchbay.strategy import optimizer_owners
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.accelerator import Accelerator
@@ -221,10 +222,15 @@ class StateCheckpointer:
             acc.save_iteration = int(final.name.split("_")[1]) + 1
         return final
 
+    def _owners(self) -> list[int | None]:
+        """Which prepared model each prepared optimizer updates (see ``Strategy.save_checkpoint``)."""
+        return optimizer_owners(self.acc._models, self.acc._optimizers)
+
     def _write_parts(self, directory: Path) -> list[str]:
         acc = self.acc
         rank = acc.process_index
-        files = acc.strategy.save_checkpoint(directory, acc._models, acc._optimizers, acc.checkpoint_io)
+        files = acc.strategy.save_checkpoint(directory, acc._models, acc._optimizers, acc.checkpoint_io,
+                                             owners=self._owners())
         files.append(_torch_save(capture_rng_state(acc.device_backend), directory / f"rng_state_{rank}.pt"))
         rank_precision = acc.precision.rank_state_dict()
         if rank_precision is not None:
@@ -306,8 +312,9 @@ class StateCheckpointer:
         manifest = self.on_every_rank("load_state", lambda: self._check(directory))
         read = self.on_every_rank("load_state", lambda: self._read_verified(directory, manifest))
         args = (directory, acc._models, acc._optimizers, acc.checkpoint_io)
-        self.on_every_rank("load_state", lambda: acc.strategy.load_checkpoint(*args) if read is None
-                           else acc.strategy.load_checkpoint(*args, read=read))
+        owners = self._owners()
+        self.on_every_rank("load_state", lambda: acc.strategy.load_checkpoint(*args, owners=owners) if read is None
+                           else acc.strategy.load_checkpoint(*args, read=read, owners=owners))
         self.on_every_rank("load_state", lambda: self._restore_local(directory, manifest))
         if acc.config.project.automatic_checkpoint_naming and AUTOMATIC_NAME.fullmatch(directory.name):
             acc.save_iteration = int(directory.name.split("_")[1]) + 1
@@ -339,7 +346,8 @@ class StateCheckpointer:
         with ThreadPoolExecutor(max_workers=1) as pool:
             verification = pool.submit(ckdir.verify_files, directory, files, share)
             try:
-                read = acc.strategy.read_checkpoint(directory, acc._models, acc._optimizers, acc.checkpoint_io)
+                read = acc.strategy.read_checkpoint(directory, acc._models, acc._optimizers, acc.checkpoint_io,
+                                                    owners=self._owners())
                 read_error = None
             except Exception as exc:
                 read, read_error = None, exc

@@ -55,6 +55,17 @@ class MemoryEstimate:
         return self.parameters + self.gradients + self.optimizer
 
 
+def optimizer_owners(models: list, optimizers: list) -> list[int | None]:
+    """For each optimizer, the index of the one model that holds all its parameters, or
+    ``None`` when its parameters span several models (or none)."""
+    model_params = [{id(p) for p in m.parameters()} for m in models]
+    owners: list[int | None] = []
+    for opt in optimizers:
+        ids = {id(p) for g in getattr(opt, "param_groups", None) or [] for p in g.get("params", [])}
+        owners.append(next((i for i, params in enumerate(model_params) if ids and ids <= params), None))
+    return owners
+
+
 class Strategy:
     """One way of running a model across processes.
 
@@ -185,7 +196,9 @@ class Strategy:
     def is_wrapped(self, model: Any) -> bool:
         return False
 
-    def backward(self, loss: torch.Tensor, model: Any = None, **kwargs) -> None:
+    def backward(self, loss: torch.Tensor, model: Any = None, *, sync_gradients: bool = True, **kwargs) -> None:
+        """Backpropagate ``loss`` (already scaled by the precision). ``sync_gradients`` is False on
+        the micro-batches of an accumulation window that do not end it (gradients stay local)."""
         loss.backward(**kwargs)
 
     def no_sync(self, model: Any):
@@ -253,8 +266,12 @@ class Strategy:
         """The full (unsharded) state dict; only the main process needs a real one."""
         return self.unwrap_model(model).state_dict()
 
-    def save_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO) -> list[str]:
+    def save_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO, *,
+                        owners: list[int | None] | None = None) -> list[str]:
         """Write model and optimizer state into ``directory``; return the files this rank wrote.
+
+        ``owners[j]`` is the index in ``models`` of the model whose parameters optimizer ``j``
+        updates (``None``: several or none), as :func:`optimizer_owners` computes it.
 
         The default writes full state: ``model_{i}`` via ``io`` (from every rank when the io
         is collective, else from the main process) and ``optimizer_{i}.pt`` with ``torch.save``.
@@ -276,7 +293,8 @@ class Strategy:
             torch.save(opt.state_dict(), directory / f"optimizer_{i}.pt")
         return [f"optimizer_{i}.pt" for i in range(len(optimizers))]
 
-    def read_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO) -> Any:
+    def read_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO, *,
+                        owners: list[int | None] | None = None) -> Any:
         """Read what :meth:`load_checkpoint` restores, changing no object; ``None`` reads nothing ahead.
 
         torchbay runs it beside the checkpoint's checksum verification and passes the result
@@ -290,7 +308,7 @@ class Strategy:
                 for i in range(len(models))]
 
     def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO,
-                        read: Any = None) -> None:
+                        read: Any = None, *, owners: list[int | None] | None = None) -> None:
         """Restore models and optimizers from ``directory`` (``read``: what :meth:`read_checkpoint` returned)."""
         from torchbay.errors import CheckpointError
         from torchbay.safe_load import safe_torch_load

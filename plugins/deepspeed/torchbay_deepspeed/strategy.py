@@ -352,10 +352,6 @@ class DeepSpeedStrategy(Strategy):
         return model
 
     # -- every step ------------------------------------------------------------------------
-    def _sync(self) -> bool:
-        acc = self.context.accelerator
-        return True if acc is None else acc.gradient_state.sync_gradients
-
     def _record_for_backward(self, loss: torch.Tensor, model: Any) -> EngineRecord:
         if model is not None:
             rec = self._record(model)
@@ -377,10 +373,10 @@ class DeepSpeedStrategy(Strategy):
         raise TorchbayError(f"accelerator.backward: the loss reaches several trained models ({names}); pass "
                             f"model=<the one to update> to accelerator.backward")
 
-    def backward(self, loss: torch.Tensor, model: Any = None, **kwargs) -> None:
+    def backward(self, loss: torch.Tensor, model: Any = None, *, sync_gradients: bool = True, **kwargs) -> None:
         rec = self._record_for_backward(loss, model)
         engine = rec.engine
-        sync = self._sync()
+        sync = sync_gradients
         engine.set_gradient_accumulation_boundary(sync)
         engine.backward(loss, retain_graph=bool(kwargs.pop("retain_graph", False)))
         if kwargs:
@@ -428,7 +424,8 @@ class DeepSpeedStrategy(Strategy):
             return dict(state) if state is not None else {}
         return rec.module.state_dict()
 
-    def save_checkpoint(self, directory: Path, models: list, optimizers: list, io) -> list[str]:
+    def save_checkpoint(self, directory: Path, models: list, optimizers: list, io, *,
+                        owners: list[int | None] | None = None) -> list[str]:
         """Every rank writes its part of each engine's DeepSpeed checkpoint to ``deepspeed_model_<i>``."""
         written: list[str] = []
         engine_dirs = []
@@ -448,7 +445,8 @@ class DeepSpeedStrategy(Strategy):
         return written + sorted(str(p.relative_to(directory)) for d in engine_dirs for p in d.rglob("*")
                                 if p.is_file())
 
-    def load_checkpoint(self, directory: Path, models: list, optimizers: list, io) -> None:
+    def load_checkpoint(self, directory: Path, models: list, optimizers: list, io, read: Any = None, *,
+                        owners: list[int | None] | None = None) -> None:
         from torchbay.checkpoint_dir import read_manifest
 
         from torchbay_deepspeed.safe_checkpoint import install_safe_loader

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from torchbay.errors import CheckpointError, TorchbayError
-from torchbay.strategy import MemoryEstimate, Strategy
+from torchbay.strategy import MemoryEstimate, Strategy, optimizer_owners
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.checkpointing import CheckpointIO
@@ -341,15 +341,16 @@ class FSDPStrategy(Strategy):
 
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
-    def _owner(self, optimizer: Any, models: list) -> torch.nn.Module:
-        ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        for model in models:
-            if ids <= {id(p) for p in model.parameters()}:
-                return model
-        raise CheckpointError("an optimizer's parameters do not all belong to one prepared model; fsdp checkpoints "
-                              "each optimizer with its model: use one optimizer per model")
+    @staticmethod
+    def _owner(j: int, models: list, owners: list[int | None] | None, optimizers: list) -> torch.nn.Module:
+        index = (owners or optimizer_owners(models, optimizers))[j]
+        if index is None:
+            raise CheckpointError("an optimizer's parameters do not all belong to one prepared model; fsdp "
+                                  "checkpoints each optimizer with its model: use one optimizer per model")
+        return models[index]
 
-    def save_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO) -> list[str]:
+    def save_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO, *,
+                        owners: list[int | None] | None = None) -> list[str]:
         """Every rank writes its own shards of each model and optimizer (torch.distributed.checkpoint)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
@@ -362,7 +363,7 @@ class FSDPStrategy(Strategy):
             written += dcp_files_of_rank(directory, model_dir(i))
         for j, opt in enumerate(optimizers):
             raw = getattr(opt, "optimizer", opt)
-            state = get_optimizer_state_dict(self._owner(raw, models), raw)
+            state = get_optimizer_state_dict(self._owner(j, models, owners, optimizers), raw)
             dcp.save(state, checkpoint_id=str(directory / optimizer_dir(j)))
             written += dcp_files_of_rank(directory, optimizer_dir(j))
         if self.rank == 0:
@@ -373,7 +374,8 @@ class FSDPStrategy(Strategy):
             written.append(INFO_FILE)
         return written
 
-    def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO) -> None:
+    def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO,
+                        read: Any = None, *, owners: list[int | None] | None = None) -> None:
         """Load sharded state written by any number of processes (DCP reshards on load).
 
         A checkpoint written by a strategy that saves full weights (single, ddp) loads its
@@ -410,7 +412,7 @@ class FSDPStrategy(Strategy):
         for j, opt in enumerate(optimizers):
             path = directory / optimizer_dir(j)
             raw = getattr(opt, "optimizer", opt)
-            owner = self._owner(raw, models)
+            owner = self._owner(j, models, owners, optimizers)
             try:
                 state = dcp_load(get_optimizer_state_dict(owner, raw), path, trusted=io.trusted)
                 set_optimizer_state_dict(owner, raw, state)
