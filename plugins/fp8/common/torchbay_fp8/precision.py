@@ -55,12 +55,6 @@ class FP8Precision(Precision):
     name = "fp8"
     #: ``fp8.engine_options`` this engine takes: key -> type, tuple of types, or set of values
     accepted_options: ClassVar[dict[str, Any]] = {"small_layer_threshold": (int, float)}
-    #: Accelerate's name for the engine (``Accelerator.fp8_backend``); kept equal to ``engine``
-    fp8_backend: ClassVar[str | None] = None
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        cls.fp8_backend = cls.engine
 
     # -- validation ---------------------------------------------------------------------
     @classmethod
