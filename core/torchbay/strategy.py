@@ -174,6 +174,11 @@ class Strategy:
         """Return the precision to use; a strategy with its own mixed precision may replace it."""
         return precision
 
+    def grad_scaler(self, **kwargs):
+        """The loss scaler an fp16 precision uses (``kwargs``: ``GradScalerKwargs``); the
+        device's own by default, a sharding strategy's where gradients are sharded."""
+        return self.device_backend.grad_scaler(**kwargs)
+
     # -- wrapping -----------------------------------------------------------------------
     def connect_dataloader(self, dataloader: Any) -> None:
         """Called with each user data loader passed to ``prepare``, before the models and

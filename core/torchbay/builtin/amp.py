@@ -52,7 +52,7 @@ class FP16Precision(AutocastPrecision):
     def __init__(self, context):
         super().__init__(context)
         handler = context.handler(GradScalerKwargs)
-        self.scaler = self.device_backend.grad_scaler(**(handler.to_kwargs() if handler else {}))
+        self.scaler = context.strategy.grad_scaler(**(handler.to_kwargs() if handler else {}))
 
     def scale_loss(self, loss):
         return self.scaler.scale(loss)

@@ -62,11 +62,15 @@ def import_deepspeed(torch_type: str, log_level: str = "warning"):
 
 
 class DeepSpeedPrecision(Precision):
-    """DeepSpeed does its own bf16/fp16 (module conversion, loss scaler): no autocast here."""
+    """Takes the place of the selected plain precision (no/fp16/bf16): DeepSpeed does that
+    mode itself (module conversion, loss scaler, from the ``bf16``/``fp16`` sections torchbay
+    writes into its config), so no autocast or scaler runs here. An engine precision (fp8) is
+    refused by :meth:`DeepSpeedStrategy.check` before it gets here."""
 
-    def __init__(self, context):
+    def __init__(self, context, replaced: Precision):
         super().__init__(context)
-        self.name = context.config.mixed_precision  # type: ignore[misc]
+        self.replaced = replaced
+        self.name = replaced.name  # type: ignore[misc]
 
     def optimizer_step(self, optimizer, step, **kwargs) -> bool:
         step(optimizer, **kwargs)
@@ -209,7 +213,10 @@ class DeepSpeedStrategy(Strategy):
         super().teardown(barrier=barrier)
 
     def adapt_precision(self, precision):
-        return DeepSpeedPrecision(self.context)
+        if getattr(precision, "engine", None) is not None:  # check() refuses this set-up; never run it silently
+            raise ConfigError(f"strategy deepspeed cannot run precision {precision.describe()}; use "
+                              f"mixed_precision bf16 or fp16")
+        return DeepSpeedPrecision(self.context, precision)
 
     # -- ZeRO-3 construction -----------------------------------------------------------
     def zero_init(self, enabled: bool | None = None):

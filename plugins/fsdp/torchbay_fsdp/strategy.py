@@ -101,18 +101,12 @@ class FSDPStrategy(Strategy):
         return self._mesh
 
     # -- precision ----------------------------------------------------------------------
-    def adapt_precision(self, precision):
+    def grad_scaler(self, **kwargs):
         """fp16: the loss scaler must agree on inf/nan across ranks (each holds only a shard)
         and unscale DTensor gradients: torch's ShardedGradScaler does both."""
-        scaler = getattr(precision, "scaler", None)
-        if isinstance(scaler, torch.amp.GradScaler):
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-            precision.scaler = ShardedGradScaler(
-                device=self.device_backend.torch_type(), init_scale=scaler._init_scale,
-                growth_factor=scaler._growth_factor, backoff_factor=scaler._backoff_factor,
-                growth_interval=scaler._growth_interval, enabled=scaler.is_enabled())
-        return precision
+        return ShardedGradScaler(device=self.device_backend.torch_type(), **kwargs)
 
     def _mixed_precision_dtypes(self) -> tuple[torch.dtype | None, torch.dtype | None]:
         s = self.settings
