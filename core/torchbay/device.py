@@ -38,7 +38,6 @@ class DeviceBackend:
     install_hint: ClassVar[str] = ""
     #: the process-group backend (hccl, cncl...); ``None``: torch's default for the device type
     collective_backend: ClassVar[str | None] = None
-    compile_backend: ClassVar[str] = "inductor"
     supports_fp16_autocast: ClassVar[bool] = True
     supports_bf16_autocast: ClassVar[bool] = True
     #: False for devices that run one process per machine at most

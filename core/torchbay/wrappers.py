@@ -41,7 +41,7 @@ class GradientState:
         self.sync_gradients = True
         self._end_of_dataloader = False  # without an active loader
         self._remainder = -1
-        self.active_dataloaders: list[Any] = []
+        self._active_loaders: list[Any] = []
 
     @property
     def end_of_dataloader(self) -> bool:
@@ -85,15 +85,15 @@ class GradientState:
 
     @property
     def active_dataloader(self) -> Any:
-        return self.active_dataloaders[-1] if self.active_dataloaders else None
+        return self._active_loaders[-1] if self._active_loaders else None
 
     @property
     def dataloader_references(self) -> list[Any]:
-        return [None, *self.active_dataloaders]
+        return [None, *self._active_loaders]
 
     @property
     def in_dataloader(self) -> bool:
-        return bool(self.active_dataloaders)
+        return bool(self._active_loaders)
 
     @property
     def initialized(self) -> bool:
@@ -119,12 +119,12 @@ class GradientState:
 
     def begin_dataloader(self, loader) -> None:
         loader._end_of_dataloader, loader._remainder = False, -1
-        self.active_dataloaders.append(loader)
+        self._active_loaders.append(loader)
 
     def end_dataloader(self, loader) -> None:
         loader._end_of_dataloader, loader._remainder = False, -1
-        if any(d is loader for d in self.active_dataloaders):
-            self.active_dataloaders = [d for d in self.active_dataloaders if d is not loader]
+        if any(d is loader for d in self._active_loaders):
+            self._active_loaders = [d for d in self._active_loaders if d is not loader]
 
 
 class PreparedOptimizer(torch.optim.Optimizer):

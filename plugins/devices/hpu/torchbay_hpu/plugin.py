@@ -54,7 +54,6 @@ class HPUBackend(DeviceBackend):
     runtime_module = "habana_frameworks.torch"
     install_hint = ("install the Intel Gaudi software stack (habana_frameworks.torch, from Intel's Gaudi installer; "
                     "it is not on PyPI) on a machine with Gaudi cards")
-    compile_backend = "hpu_backend"
 
     def __init__(self, local_rank: int = 0):
         super().__init__(local_rank)

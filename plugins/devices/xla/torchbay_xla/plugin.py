@@ -69,7 +69,6 @@ class XLABackend(DeviceBackend):
     runtime_module = "torch_xla"
     install_hint = ("pip install torchbay-xla[tpu] on a TPU VM (torch_xla of the same version as torch, with libtpu); "
                     "for XLA on GPU or CPU set PJRT_DEVICE=CUDA or CPU")
-    compile_backend = "openxla"
 
     def __init__(self, local_rank: int = 0):
         torch_xla = self.load_runtime()
