@@ -20,7 +20,7 @@ from torchbay import Accelerator
 from torchbay.config import resolve_config
 from torchbay.errors import ConfigError, IncompatibleSetupError
 from torchbay.plugins import PluginManager, hookimpl, reset_plugin_manager
-from torchbay.precision import Precision, by_mode, engine_setting, install_hint, registry_key
+from torchbay.precision import Precision, by_mode, engine_setting, mode_install_hint, registry_key
 
 
 class Int4Section(BaseModel):
@@ -126,7 +126,7 @@ def test_a_mode_no_plugin_registers_names_what_to_install(pm):
     message = str(err.value)
     assert "'mixed_precision' = 'int8' (set in Accelerator(...) arguments)" in message
     assert "registered: no, bf16, fp16, int4, half8" in message and "pip install torchbay-int8" in message
-    assert "torchbay-fp8-<engine>" in install_hint("fp8")  # the data table, with no engine named in the core
+    assert "torchbay-fp8-<engine>" in mode_install_hint("fp8")  # the data table, with no engine named in the core
     with pytest.raises(ConfigError, match="torchbay-fp8-<engine>"):
         resolve_config(environ={}, args={"mixed_precision": "fp8"})
 

@@ -354,7 +354,7 @@ def resolve_config(*, file: str | os.PathLike | None = None, environ: Mapping[st
 
 def mode_problems(mode: Any, pm, sources: dict[str, str]) -> list[str]:
     """``mixed_precision`` names a mode no installed plugin registers: say what to install."""
-    from torchbay.precision import by_mode, install_hint
+    from torchbay.precision import by_mode, mode_install_hint
 
     modes = by_mode(pm.registries()["precisions"])
     if not isinstance(mode, str) or mode in modes:
@@ -362,7 +362,7 @@ def mode_problems(mode: Any, pm, sources: dict[str, str]) -> list[str]:
     source = _source_for("mixed_precision", sources)
     where = f" (set in {source})" if source else ""
     return [f"'mixed_precision' = {mode!r}{where}: no installed plugin registers this precision mode "
-            f"(registered: {', '.join(modes)}); use one of them, or install {install_hint(mode)}"]
+            f"(registered: {', '.join(modes)}); use one of them, or install {mode_install_hint(mode)}"]
 
 
 def describe_errors(exc: ValidationError, model: type[BaseModel], sources: dict[str, str]) -> list[str]:

@@ -139,6 +139,6 @@ def engine_setting(config: Any, mode: str) -> str:
     return getattr(getattr(config, mode, None), "backend", "auto")
 
 
-def install_hint(mode: str) -> str:
+def mode_install_hint(mode: str) -> str:
     """What to install so that ``mixed_precision: <mode>`` has an implementation."""
     return MODE_DISTRIBUTIONS.get(mode, f"a plugin that registers it (pip install torchbay-{mode})")

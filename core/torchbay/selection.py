@@ -13,7 +13,7 @@ from torchbay.cluster import detect_cluster_environment
 from torchbay.config import ResolvedConfig
 from torchbay.context import RunContext
 from torchbay.errors import IncompatibleSetupError, PluginError, TorchbayError
-from torchbay.precision import Precision, by_mode, engine_setting, install_hint
+from torchbay.precision import Precision, by_mode, engine_setting, mode_install_hint
 from torchbay.strategy import Strategy
 
 log = logging.getLogger("torchbay")
@@ -82,7 +82,7 @@ def select_precision(config, registry: dict[str, Any], device_cls, pm, problems:
     engines = modes.get(mode)
     if engines is None:
         problems.append(f"mixed_precision '{mode}' has no registered implementation (registered: "
-                        f"{', '.join(modes)}); install {install_hint(mode)}")
+                        f"{', '.join(modes)}); install {mode_install_hint(mode)}")
         return None
     if not _has_engines(engines):
         return engines[None]
@@ -118,7 +118,7 @@ def _select_engine(mode: str, engines: dict, choice: str, config, device_cls, pr
             return cls
         reasons.append(f"{engine}: {reason}")
     problems.append(f"mixed_precision {mode} with {mode}.backend auto found no usable {mode.upper()} engine ("
-                    + "; ".join(reasons) + f"); install one ({install_hint(mode)}), or use mixed_precision: bf16")
+                    + "; ".join(reasons) + f"); install one ({mode_install_hint(mode)}), or use mixed_precision: bf16")
     return None
 
 

@@ -18,8 +18,10 @@ class FP8Config(Section):
     margin: int = Field(0, ge=0)
     amax_history_len: int = Field(16, ge=1)
     amax_compute_algo: Literal["max", "most_recent"] = "max"
-    include: list[str] = Field(default_factory=list, description="convert only modules whose name matches one of these regexes")
-    exclude: list[str] = Field(default_factory=list, description="never convert modules whose name matches one of these regexes")
+    include: list[str] = Field(default_factory=list,
+                               description="convert only modules whose name matches one of these regexes")
+    exclude: list[str] = Field(default_factory=list,
+                               description="never convert modules whose name matches one of these regexes")
     keep_first_and_last: bool = Field(True, description="keep the first and last Linear in higher precision")
     outer_autocast: bool = Field(True, description="keep a bf16 autocast around the FP8 forward")
     engine_options: dict[str, Any] = Field(default_factory=dict, description="passed to the engine as is")
