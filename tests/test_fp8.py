@@ -10,7 +10,6 @@ uninterrupted run's bit for bit and so do the final weights.
 
 from __future__ import annotations
 
-import filecmp
 import glob
 import importlib.util
 import json
@@ -192,28 +191,6 @@ def test_settings_an_engine_cannot_honour_are_all_reported_by_name():
     assert "needs strategy: fsdp" in str(err.value)
 
 
-def test_msamp_refuses_zero3_and_fsdp_from_the_config():
-    from torchbay_fp8_msamp.precision import strategy_problems
-
-    zero3 = SimpleNamespace(strategy="deepspeed", deepspeed=SimpleNamespace(zero_stage=3))
-    assert "does not support DeepSpeed ZeRO-3" in strategy_problems(zero3)[0]
-    in_json = SimpleNamespace(strategy="deepspeed", deepspeed={"config": {"zero_optimization": {"stage": 3}}})
-    assert strategy_problems(in_json)
-    assert strategy_problems(SimpleNamespace(strategy="deepspeed", deepspeed=SimpleNamespace(zero_stage=2))) == []
-    assert strategy_problems(SimpleNamespace(strategy="deepspeed")) == []  # no section: nothing to read
-    assert "strategy: fsdp" in strategy_problems(SimpleNamespace(strategy="fsdp"))[0]
-    ds_json = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"torchbay_fp8_ds_{os.getpid()}.json")
-    with open(ds_json, "w") as f:
-        json.dump({"zero_optimization": {"stage": 3}}, f)
-    try:
-        in_file = SimpleNamespace(strategy="deepspeed", deepspeed=SimpleNamespace(zero_stage=None, config={},
-                                                                                  deepspeed_config_file=ds_json))
-        assert strategy_problems(in_file)
-    finally:
-        os.remove(ds_json)
-    assert strategy_problems(SimpleNamespace(strategy="ddp")) == []
-
-
 def _fake_context(**fp8):
     from torchbay_fp8 import FP8Config
 
@@ -243,20 +220,6 @@ def test_every_engine_gets_the_shared_checks_from_the_base():
         assert len(autocast) == 1 and "set fp8.outer_autocast: false" in autocast[0], (key, problems)
         assert any(f"not an option of fp8 engine '{cls.engine}'" in p for p in problems), (key, problems)
         assert not [p for p in cls.check(_fake_context(outer_autocast=False)) if "outer_autocast" in p]
-
-
-def test_msamp_prepare_takes_one_model_with_its_optimizer():
-    from torchbay.errors import TorchbayError
-    from torchbay_fp8_msamp.precision import MSAMPFP8Precision
-
-    precision = MSAMPFP8Precision(_fake_context())
-    model = torch.nn.Linear(16, 16)
-    loaders_only = precision.prepare([], [])
-    assert loaders_only == ([], []) and not precision.initialized
-    with pytest.raises(TorchbayError, match="exactly one model and one optimizer"):
-        precision.prepare([model, torch.nn.Linear(16, 16)], [torch.optim.SGD(model.parameters(), lr=0.1)])
-    with pytest.raises(TorchbayError, match=r"1 model\(s\) and 0 optimizer\(s\)"):
-        precision.prepare([model], [])
 
 
 def test_msamp_zero3_is_refused_before_any_process_group(monkeypatch):
@@ -295,28 +258,7 @@ def test_msamp_zero3_is_refused_before_any_process_group(monkeypatch):
 # --- which modules are converted -------------------------------------------------------------
 
 
-def test_linear_plan_filters_by_name_shape_and_position():
-    from torchbay_fp8 import FP8Config
-    from torchbay_fp8.linears import plan_linears
-
-    model = torch.nn.ModuleDict({"embed": torch.nn.Linear(16, 64), "attn": torch.nn.Linear(64, 64),
-                                 "odd": torch.nn.Linear(64, 50), "mlp": torch.nn.Linear(64, 64),
-                                 "gate": torch.nn.Linear(64, 64), "head": torch.nn.Linear(64, 64)})
-    plan = plan_linears(model, FP8Config(exclude=["gate"]))
-    assert plan.convert == ["attn", "mlp"]
-    assert "multiples of 16" in plan.skipped["odd"] and "fp8.exclude" in plan.skipped["gate"]
-    assert "first" in plan.skipped["embed"] and "last" in plan.skipped["head"]
-    plan = plan_linears(model, FP8Config(keep_first_and_last=False, include=["^(embed|head|mlp)$"]))
-    assert plan.convert == ["embed", "mlp", "head"] and "fp8.include" in plan.skipped["attn"]
-    attention = torch.nn.MultiheadAttention(64, 4)  # its out_proj is a Linear subclass: left alone
-    assert plan_linears(attention, FP8Config(keep_first_and_last=False)).convert == []
-
-
 def test_small_layers_are_named_in_one_warning_before_training(caplog):
-    from torchbay_fp8.linears import SMALL_LAYER_HARMONIC, harmonic_size, small_layers
-
-    assert small_layers({"a": (1024, 1024), "b": (2048, 2048), "c": (1024, 4096), "d": (8192, 8192)}) == ["a", "c"]
-    assert harmonic_size(2048, 2048) >= SMALL_LAYER_HARMONIC > harmonic_size(1024, 4096)
     caplog.set_level(logging.INFO)
     acc = Accelerator(mixed_precision="fp8", config=EMULATED)
     acc.prepare(mlp(64, 64, 64, 64, 64))
@@ -440,42 +382,6 @@ def test_emulated_fp8_fsdp2_two_processes_all_gathers_fp8_and_resumes_exactly(tw
 
 
 # --- Transformer Engine -----------------------------------------------------------------------
-
-
-def _fp8_section(**values):
-    from torchbay_fp8 import FP8Config
-
-    return FP8Config(**values)
-
-
-def test_te_recipe_mapping_as_data():
-    from torchbay_fp8_te.recipes import recipe_problems, recipe_spec
-
-    delayed = _fp8_section(recipe="delayed", margin=1, amax_history_len=32, amax_compute_algo="most_recent")
-    assert recipe_spec(delayed) == ("DelayedScaling", {"fp8_format": "HYBRID", "margin": 1, "amax_history_len": 32,
-                                                       "amax_compute_algo": "most_recent"})
-    assert recipe_spec(_fp8_section(recipe="current", format="E4M3")) == ("Float8CurrentScaling", {"fp8_format": "E4M3"})
-    assert recipe_spec(_fp8_section())[0] == "Float8CurrentScaling"  # tensorwise = current per-tensor scaling
-    not_set = lambda key: False  # noqa: E731
-    assert recipe_spec(_fp8_section(recipe="mxfp8"), not_set) == ("MXFP8BlockScaling", {"fp8_format": "E4M3"})
-    assert recipe_spec(_fp8_section(recipe="block"), not_set) == ("Float8BlockScaling", {"fp8_format": "E4M3"})
-    extra = _fp8_section(recipe="current", engine_options={"recipe_kwargs": {"fp8_dpa": True}})
-    assert recipe_spec(extra)[1] == {"fp8_format": "HYBRID", "fp8_dpa": True}
-    assert "no rowwise recipe" in recipe_problems(_fp8_section(recipe="rowwise"))[0]
-    assert "applies to delayed scaling only" in recipe_problems(_fp8_section(recipe="current", amax_history_len=8))[0]
-    assert recipe_problems(delayed) == []
-
-
-@needs_te
-def test_te_builds_each_recipe():
-    from transformer_engine.common import recipe as te_recipe
-
-    from torchbay_fp8_te.recipes import build_recipe
-
-    delayed = build_recipe(_fp8_section(recipe="delayed", margin=1, amax_history_len=32))
-    assert isinstance(delayed, te_recipe.DelayedScaling) and delayed.margin == 1 and delayed.amax_history_len == 32
-    assert delayed.fp8_format == te_recipe.Format.HYBRID
-    assert isinstance(build_recipe(_fp8_section(recipe="current")), te_recipe.Float8CurrentScaling)
 
 
 @needs_te
