@@ -1,8 +1,13 @@
 """Convert a Hugging Face Accelerate config file into a torchbay config.
 
-The mapping is data (``torchbay/resources/accelerate.yaml``): Accelerate's key names and values
-on one side, torchbay's dotted keys on the other. Every key of the input ends up in exactly
-one of three lists, so that nothing is dropped silently:
+The mapping is data: Accelerate's key names and values on one side, torchbay's dotted keys on
+the other. The core's table (``torchbay/resources/accelerate.yaml``) covers cpu, single, ddp
+and the generic keys; each plugin adds what it serves (a device's ``distributed_type``, a
+strategy's nested config...) from an ``accelerate.yaml`` in its own package, through the hook
+``torchbay_accelerate_mapping`` (see :func:`read_fragment`). An Accelerate value or key that no
+installed plugin maps is reported as not imported, saying which kind of plugin would map it.
+Every key of the input ends up in exactly one of three lists, so that nothing is dropped
+silently:
 
 - ``mapped``: written to the torchbay config;
 - ``ignored``: has no effect at its value (``tpu_use_sudo: false``);
@@ -15,6 +20,7 @@ they are written and listed as unchecked.
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,9 +31,54 @@ from torchbay.config import dotted_to_tree, load_yaml_file
 from torchbay.errors import ConfigError
 
 
-def mapping_table() -> dict[str, Any]:
-    text = importlib.resources.files("torchbay").joinpath("resources/accelerate.yaml").read_text()
+#: the reason given for an Accelerate value or nested config that no installed plugin maps
+NO_PLUGIN = "no installed plugin maps it; install the torchbay {kind} for it (`torchbay plugins` lists what is installed)"
+#: the reason given for a top-level key that neither the core nor an installed plugin maps
+UNKNOWN_KEY = ("neither torchbay nor an installed plugin maps this key (if a torchbay plugin serves it, install that "
+               "plugin: `torchbay plugins` lists what is installed)")
+
+
+@functools.lru_cache(maxsize=None)
+def read_fragment(package: str, resource: str = "accelerate.yaml") -> dict[str, Any]:
+    """A plugin's part of the Accelerate compatibility tables: the YAML file ``resource`` in ``package``.
+
+    For a plugin's ``torchbay_accelerate_mapping`` implementation (read once per process, and only
+    when the Accelerate import or an Accelerate name needs it)::
+
+        @hookimpl
+        def torchbay_accelerate_mapping():
+            from torchbay.accelerate_import import read_fragment
+
+            return read_fragment(__package__)
+
+    Callers must not change the returned mapping (it is shared).
+    """
+    text = importlib.resources.files(package).joinpath(resource).read_text(encoding="utf-8")
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict) or not set(data) <= {"config_import", "api"}:
+        raise ConfigError(f"{package}/{resource} is not an Accelerate mapping fragment: expected a mapping with "
+                          f"the keys config_import and/or api")
+    return data
+
+
+def core_table() -> dict[str, Any]:
+    """The core's own import table (``torchbay/resources/accelerate.yaml``), without the plugins' parts."""
+    text = importlib.resources.files("torchbay").joinpath("resources/accelerate.yaml").read_text(encoding="utf-8")
     return yaml.safe_load(text)
+
+
+def mapping_table(pm=None) -> dict[str, Any]:
+    """The import table: the core's, with every installed plugin's ``config_import`` fragment merged in."""
+    if pm is None:
+        from torchbay.plugins import get_plugin_manager
+
+        pm = get_plugin_manager()
+    return pm.accelerate_mapping("config_import", core_table())
+
+
+def _accelerate_distributed_types() -> list[str]:
+    text = importlib.resources.files("torchbay").joinpath("resources/accelerate_api.yaml").read_text(encoding="utf-8")
+    return [str(member) for member in yaml.safe_load(text)["distributed_types"]]
 
 
 @dataclass
@@ -74,7 +125,11 @@ def convert(data: dict[str, Any], pm=None) -> tuple[dict[str, Any], ImportReport
     """``(torchbay config tree, report)`` for a loaded Accelerate config mapping."""
     from torchbay.config import config_model
 
-    table = mapping_table()
+    if pm is None:
+        from torchbay.plugins import get_plugin_manager
+
+        pm = get_plugin_manager()
+    table = mapping_table(pm)
     report = ImportReport()
     flat: dict[str, Any] = {}
     data = dict(data)
@@ -99,8 +154,11 @@ def convert(data: dict[str, Any], pm=None) -> tuple[dict[str, Any], ImportReport
         if not table["distributed_type"][dist_type]:
             report.ignored.append(("distributed_type", dist_type, "torchbay picks single or ddp from the process count"))
     else:
-        why = table["unsupported_distributed_type"].get(str(dist_type), f"unknown distributed_type {dist_type!r}")
-        report.not_imported.append(("distributed_type", dist_type, why))
+        why = table["unsupported_distributed_type"].get(str(dist_type))
+        if why is None and str(dist_type) in _accelerate_distributed_types():  # Accelerate's, for a plugin to map
+            why = NO_PLUGIN.format(kind="device plugin" if str(dist_type).startswith("MULTI_")
+                                   else "strategy or device plugin")
+        report.not_imported.append(("distributed_type", dist_type, why or f"unknown distributed_type {dist_type!r}"))
     if use_cpu:
         data.pop("use_cpu")
         put("use_cpu", "device", "cpu", use_cpu)
@@ -114,8 +172,10 @@ def convert(data: dict[str, Any], pm=None) -> tuple[dict[str, Any], ImportReport
                 put(acc_key, dotted, value)
 
     section_for_type = table["section_of_distributed_type"]
-    for acc_section, spec in table["sections"].items():
-        if acc_section not in data:
+    sections = table["sections"]
+    for acc_section in [key for key in data if key in sections]:  # in the file's order, whatever the plugins'
+        spec = sections[acc_section]
+        if "target" not in spec:  # only other plugins' additions: the plugin owning the section is not installed
             continue
         body = data.pop(acc_section)
         if not body:
@@ -137,9 +197,15 @@ def convert(data: dict[str, Any], pm=None) -> tuple[dict[str, Any], ImportReport
         rule = table["no_effect"].get(key)
         if rule is not None and (rule.get("any") or value in rule.get("values", [])):
             report.ignored.append((key, value, rule.get("reason", "")))
+        elif key in table["not_imported"]:
+            report.not_imported.append((key, value, table["not_imported"][key]))
+        elif value is None or value == {}:
+            report.ignored.append((key, value, "empty"))  # e.g. the nested config of a plugin not installed
+        elif isinstance(value, dict):  # a nested config no installed plugin maps: each of its keys
+            for sub, sub_value in value.items():
+                report.not_imported.append((f"{key}.{sub}", sub_value, f"{key}: " + NO_PLUGIN.format(kind="plugin")))
         else:
-            report.not_imported.append((key, value, table["not_imported"].get(
-                key, "not an Accelerate config key torchbay knows")))
+            report.not_imported.append((key, value, UNKNOWN_KEY))
 
     tree = dotted_to_tree(flat)
     _check(tree, table, report, pm, config_model)
@@ -150,7 +216,7 @@ def _convert_section(acc_section: str, spec: dict, body: dict, put, report: Impo
     target = spec["target"]
     for key, value in body.items():
         name = f"{acc_section}.{key}"
-        rule = spec["keys"].get(key)
+        rule = spec.get("keys", {}).get(key)
         original = value
         if rule is None:
             report.not_imported.append((name, value, f"no torchbay '{target}' setting corresponds to it"))
@@ -169,8 +235,10 @@ def _convert_section(acc_section: str, spec: dict, body: dict, put, report: Impo
         if "values" in rule:
             found, translated = _lookup(rule["values"], value)
             if not found:
-                report.not_imported.append((name, value, f"value not understood (known: "
-                                            f"{', '.join(map(str, rule['values']))})"))
+                why = f"value not understood (known: {', '.join(map(str, rule['values'])) or 'none installed'})"
+                if rule.get("values_from"):  # plugins add the values: one not installed may map this one
+                    why += f"; another value needs its {rule['values_from']}: `torchbay plugins` lists what is installed"
+                report.not_imported.append((name, value, why))
                 continue
             value = translated
         if "split" in rule and isinstance(value, str):
@@ -190,14 +258,10 @@ def _check(tree: dict, table: dict, report: ImportReport, pm, config_model) -> N
     """Validate against the installed sections; name what cannot be checked here."""
     from pydantic import ValidationError
 
-    if pm is None:
-        from torchbay.plugins import get_plugin_manager
-
-        pm = get_plugin_manager()
     model = config_model(pm)
     checkable = dict(tree)
     for spec in table["sections"].values():
-        target = spec["target"]
+        target = spec.get("target")
         if target in checkable and target not in model.model_fields:
             checkable.pop(target)
             report.unchecked.append(f"section '{target}' is written as imported, but no installed plugin "

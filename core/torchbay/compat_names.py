@@ -8,7 +8,11 @@
 - a backend's name (``FullyShardedDataParallelPlugin``...): taken from its plugin when installed;
 - a name torchbay does not offer: an :class:`UnsupportedAPIError` saying what to use instead.
 
-The tables are data (``resources/accelerate_api.yaml``), so the core names no backend.
+The tables are data, so the core names no backend: the core's (``resources/accelerate_api.yaml``)
+holds the generic names, and each plugin adds the names it serves (its device's
+``is_<name>_available``, its backend's names and refusals) through the hook
+``torchbay_accelerate_mapping``. A backend's name whose plugin is not installed is therefore
+not offered: asking for it is an AttributeError, as for any name torchbay does not know.
 """
 
 from __future__ import annotations
@@ -30,10 +34,28 @@ class UnsupportedAPIError(TorchbayError, NotImplementedError):
     """An Accelerate name that torchbay does not offer; the message says what to use instead."""
 
 
+_merged: tuple[Any, dict[str, Any]] = (None, {})  # (what the plugin manager held, the merged table)
+
+
 def _table() -> dict[str, Any]:
+    """The core's API table with every installed plugin's ``api`` fragment merged in.
+
+    Merged on first use and again whenever the process's plugin manager (its plugins, the
+    failed ones) changes.
+    """
+    global _merged
+    from torchbay.plugins import get_plugin_manager
     from torchbay.state import accelerate_api_table
 
-    return accelerate_api_table()
+    pm = get_plugin_manager()
+    key = (id(pm), tuple(sorted(name for name, _ in pm.list_name_plugin())),
+           tuple(sorted(info.name for info in pm.failed_plugins())))
+    if _merged[0] != key:
+        table = pm.accelerate_mapping("api", accelerate_api_table())
+        key = (id(pm), tuple(sorted(name for name, _ in pm.list_name_plugin())),  # a conflict may fail one
+               tuple(sorted(info.name for info in pm.failed_plugins())))
+        _merged = (key, table)
+    return _merged[1]
 
 
 def _registries() -> dict[str, dict[str, Any]]:
@@ -79,14 +101,6 @@ def _fp8_available() -> bool:
     return False
 
 
-def _plugin_available(spec: dict[str, str]) -> bool:
-    registries = _registries()
-    if "strategy" in spec and spec["strategy"] not in registries["strategies"]:
-        return False
-    if "fp8_backend" in spec and not any(getattr(c, "fp8_backend", None) == spec["fp8_backend"]
-                                         for c in registries["precisions"].values()):
-        return False
-    return _has_module(spec["module"])
 
 
 def availability(what: str) -> Callable[..., bool]:
@@ -101,8 +115,8 @@ def availability(what: str) -> Callable[..., bool]:
         answer = lambda: getattr(torch.version, "hip", None) is not None  # noqa: E731
     elif what in table["available_devices"]:
         answer = functools.partial(_device_available, table["available_devices"][what])
-    elif what in table["available_plugins"]:
-        answer = functools.partial(_plugin_available, table["available_plugins"][what])
+    elif what in table["available_plugins"]:  # its plugin is installed (it added the entry): is its library?
+        answer = functools.partial(_has_module, table["available_plugins"][what])
     else:
         answer = functools.partial(_has_module, table["available_modules"].get(what, what))
 
@@ -131,14 +145,16 @@ def refusal(name: str, advice: str) -> Any:
 
 
 def resolve(name: str) -> Any:
-    table = _table()
+    """What torchbay answers for the Accelerate name ``name``, or :data:`MISSING`."""
+    if name.startswith("_"):
+        return MISSING
     match = re.fullmatch(r"is_(\w+)_available", name)
     if match:
         return availability(match.group(1))
     match = re.fullmatch(r"check_(\w+)_fp8_capability", name)
     if match:
         return fp8_capability(match.group(1))
-    plugin = table.get("plugin_names", {}).get(name)
+    plugin = _table().get("plugin_names", {}).get(name)
     if plugin is not None:
         if not _has_module(plugin["module"].split(".")[0]):
             refusal(name, f"it comes from the {plugin['install']} plugin: pip install {plugin['install']}")
@@ -155,7 +171,6 @@ def resolve(name: str) -> Any:
     return MISSING
 
 
-@functools.lru_cache(maxsize=None)
 def unsupported() -> dict[str, dict[str, str]]:
     """``{name: {"status": "refused" | "not-planned", "advice": ...}}`` from the table."""
     out = {}

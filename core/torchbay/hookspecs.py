@@ -124,12 +124,21 @@ def torchbay_config_sections() -> dict[str, type[BaseModel]]:
 def torchbay_accelerate_mapping() -> dict[str, Any]:
     """Contribute this plugin's part of the Hugging Face Accelerate compatibility data.
 
-    The core holds only what concerns cpu, single and ddp; each plugin adds the Accelerate
-    names it serves (``distributed_type`` values, nested config sections such as a strategy's
-    own, ``is_<name>_available`` entries), in the same layout as the core's tables
-    (``torchbay/resources/accelerate.yaml`` for ``config import-accelerate`` under the key
-    ``"config_import"``, ``accelerate_api.yaml`` under ``"api"``). Fragments are merged into
-    the core's tables; a key two plugins both define disables the later plugin.
+    The core's tables hold only what concerns cpu, single, ddp and the generic keys; each
+    plugin adds the Accelerate names it serves, in the same layout as the core's tables:
+    under ``"config_import"`` (``torchbay/resources/accelerate.yaml``, read by ``torchbay
+    config import-accelerate``) its ``distributed_type`` values, its nested config section
+    (e.g. a strategy's ``<name>_config``), reasons for keys it cannot import; under ``"api"``
+    (``accelerate_api.yaml``) its ``is_<name>_available`` entries, the Accelerate names it
+    re-exports (``plugin_names``) or refuses (``unsupported``). Keep the data in a YAML file
+    inside the plugin's package and return
+    ``torchbay.accelerate_import.read_fragment(__package__)``.
+
+    Called only when the import or an Accelerate name (``torchbay.utils.is_x_available``...)
+    needs the tables, never at ``import torchbay`` or ``Accelerator()``. Fragments are merged
+    into the core's tables key by key (lists are concatenated); a key the core or an earlier
+    plugin already defines is a conflict that disables the later plugin, with a warning. An
+    Accelerate value or key that no installed plugin maps is reported as not imported.
 
     :return: ``{"config_import": {...}, "api": {...}}`` (either part may be absent).
     """

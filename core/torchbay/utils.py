@@ -53,6 +53,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_WHERE[name]), name)
         globals()[name] = value
         return value
+    if name.startswith("_"):  # (``from torchbay.utils import x`` asks for __path__): no Accelerate name
+        raise AttributeError(f"module 'torchbay.utils' has no attribute {name!r}")
     from torchbay import compat_names
 
     value = compat_names.resolve(name)  # is_*_available, plugin-provided names, refusals
