@@ -8,6 +8,7 @@ loaded in every torchbay process, most of which never select it).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import weakref
 from pathlib import Path
@@ -125,6 +126,30 @@ class FSDPStrategy(Strategy):
         for opt in self._optimizers:  # also those prepared in an earlier call, before their model
             self._remap_optimizer(opt)
         return models, optimizers, schedulers
+
+    def teardown(self, barrier: bool = True) -> None:
+        """Destroy the group, and let go of it in every FSDP unit.
+
+        FSDP2's parameter groups hold the C++ process group (``mesh_info``); still alive at
+        interpreter exit, gloo's threads can abort a rank after a successful run (as with
+        DDP's reducer). The units cannot communicate once the group is gone anyway.
+        """
+        super().teardown(barrier)
+        for root in self._roots:
+            for module in root.modules():
+                get_state = getattr(module, "_get_fsdp_state", None)
+                state = get_state() if callable(get_state) else None
+                for group in getattr(state, "_fsdp_param_groups", None) or []:
+                    for info in (getattr(group, "mesh_info", None), getattr(group, "post_forward_mesh_info", None)):
+                        for attribute in ("shard_process_group", "replicate_process_group",
+                                          "reduce_scatter_process_group"):
+                            if info is not None and getattr(info, attribute, None) is not None:
+                                setattr(info, attribute, None)
+            if hasattr(root, "process_group"):  # FSDP1
+                with contextlib.suppress(AttributeError):
+                    root.process_group = None
+        self._mesh = None
+        gc.collect()
 
     def is_wrapped(self, model: Any) -> bool:
         import sys
