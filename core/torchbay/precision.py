@@ -30,6 +30,7 @@ class Precision:
     priority: ClassVar[int] = 0
     #: import name of the engine library (checked cheaply with find_spec), or None
     engine_module: ClassVar[str | None] = None
+    #: what to install when ``engine_module`` is missing (shown in the error)
     install_hint: ClassVar[str] = ""
 
     def __init__(self, context: RunContext):

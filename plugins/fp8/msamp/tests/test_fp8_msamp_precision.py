@@ -1,7 +1,6 @@
-"""MS-AMP's precision without MS-AMP: the strategies it refuses (read from the config tree)
-and the one-model-with-its-optimizer rule of its prepare step (checked before msamp is imported)."""
+"""MS-AMP's precision without MS-AMP: the strategies it refuses and the
+one-model-with-its-optimizer rule of its prepare step (checked before msamp is imported)."""
 
-import json
 from types import SimpleNamespace
 
 import pytest
@@ -12,20 +11,15 @@ from torchbay_fp8 import FP8Config
 from torchbay_fp8_msamp.precision import MSAMPFP8Precision, strategy_problems
 
 
-def test_msamp_refuses_zero3_and_fsdp_from_the_config(tmp_path):
-    zero3 = SimpleNamespace(strategy="deepspeed", deepspeed=SimpleNamespace(zero_stage=3))
-    assert "does not support DeepSpeed ZeRO-3" in strategy_problems(zero3)[0]
-    in_json = SimpleNamespace(strategy="deepspeed", deepspeed={"config": {"zero_optimization": {"stage": 3}}})
-    assert strategy_problems(in_json)
-    assert strategy_problems(SimpleNamespace(strategy="deepspeed", deepspeed=SimpleNamespace(zero_stage=2))) == []
-    assert strategy_problems(SimpleNamespace(strategy="deepspeed")) == []  # no section: nothing to read
-    assert "strategy: fsdp" in strategy_problems(SimpleNamespace(strategy="fsdp"))[0]
-    ds_json = tmp_path / "ds.json"
-    ds_json.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
-    in_file = SimpleNamespace(strategy="deepspeed", deepspeed=SimpleNamespace(zero_stage=None, config={},
-                                                                              deepspeed_config_file=str(ds_json)))
-    assert strategy_problems(in_file)
-    assert strategy_problems(SimpleNamespace(strategy="ddp")) == []
+def test_msamp_refuses_deepspeed_at_any_zero_stage_and_fsdp():
+    for stage in (0, 2, 3):
+        config = SimpleNamespace(strategy="deepspeed", deepspeed=SimpleNamespace(zero_stage=stage))
+        (problem,) = strategy_problems(config)
+        assert "fp8 engine 'msamp' does not run under strategy: deepspeed" in problem and "ZeRO-3" in problem
+        assert "use strategy: ddp" in problem
+    assert "does not run under strategy: fsdp" in strategy_problems(SimpleNamespace(strategy="fsdp"))[0]
+    for fine in ("ddp", "single", "auto"):
+        assert strategy_problems(SimpleNamespace(strategy=fine)) == []
 
 
 def test_msamp_prepare_takes_one_model_with_its_optimizer():

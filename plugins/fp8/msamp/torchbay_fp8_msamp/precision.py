@@ -7,7 +7,7 @@ together, so pass both to one ``accelerator.prepare(model, optimizer)`` call: it
 :meth:`MSAMPFP8Precision.prepare`, before the strategy wraps them. The forward runs under
 bf16 autocast (``fp8.outer_autocast``).
 
-MS-AMP supports neither DeepSpeed ZeRO-3 nor FSDP through this plugin: such a set-up fails
+MS-AMP runs neither under DeepSpeed nor under FSDP through this plugin: such a set-up fails
 before any process starts (:meth:`MSAMPFP8Precision.check`). MS-AMP converts every Linear
 and chooses its own scaling, so the ``fp8`` settings it cannot honour (a recipe other than
 tensorwise, include/exclude, a margin, amax history) are errors when set.
@@ -25,7 +25,6 @@ from torchbay.errors import CheckpointError, TorchbayError
 
 from torchbay_fp8 import FP8Precision, warn_small_layers
 from torchbay_fp8.precision import is_explicit
-from torchbay_fp8_msamp._zero import zero_stage
 
 log = logging.getLogger("torchbay.fp8")
 
@@ -34,18 +33,21 @@ OPT_LEVELS = {"O1", "O2"}
 OPTIONS: dict[str, Any] = {**FP8Precision.accepted_options, "opt_level": OPT_LEVELS, "use_te": bool}
 
 
+#: strategies MS-AMP cannot run under, and why (it replaces model and optimizer before the strategy wraps them)
+REFUSED_STRATEGIES = {
+    "deepspeed": "MS-AMP cannot shard its FP8 parameters (ZeRO-3), and torchbay-deepspeed takes no mixed_precision fp8 "
+                 "at any ZeRO stage (DeepSpeed's own MS-AMP integration is not offered)",
+    "fsdp": "FSDP cannot shard MS-AMP's FP8 parameters and optimizer",
+}
+
+
 def strategy_problems(config) -> list[str]:
-    """What MS-AMP cannot run: ZeRO-3 and FSDP (read defensively from the config tree)."""
-    problems = []
-    stage = zero_stage(config)
-    if stage is not None and stage >= 3:
-        problems.append("fp8 engine 'msamp' does not support DeepSpeed ZeRO-3 (MS-AMP cannot shard its FP8 "
-                        "parameters across ranks): set the deepspeed ZeRO stage to 0, 1 or 2, or use "
-                        "fp8.backend: te or torchao")
-    if getattr(config, "strategy", None) == "fsdp":
-        problems.append("fp8 engine 'msamp' does not run under strategy: fsdp in torchbay; use strategy: ddp or "
-                        "deepspeed (ZeRO 0-2), or fp8.backend: torchao with FSDP2")
-    return problems
+    """MS-AMP under a strategy it cannot run under (deepspeed, fsdp): the problem and the fix."""
+    strategy = getattr(config, "strategy", None)
+    if strategy not in REFUSED_STRATEGIES:
+        return []
+    return [f"fp8 engine 'msamp' does not run under strategy: {strategy}: {REFUSED_STRATEGIES[strategy]}; use "
+            f"strategy: ddp, or fp8.backend: te or torchao (torchao also under FSDP2)"]
 
 
 class MSAMPFP8Precision(FP8Precision):
