@@ -148,11 +148,9 @@ def test_xpu_backend_is_xccl_when_torch_has_it(monkeypatch):
 
 
 def core_validate(pm, cls, config, per_machine, world=None):
-    """The core's own validation (torchbay.builtin.validation) of a job on device class ``cls``."""
-    from torchbay.builtin.validation import torchbay_validate
-
+    """The device class's own check (``DeviceBackend.check``) of a job on ``cls``."""
     cluster = SimpleNamespace(local_world_size=lambda: per_machine, world_size=lambda: world or per_machine)
-    return torchbay_validate(context=SimpleNamespace(device_backend_cls=cls, config=config, cluster=cluster))
+    return cls.check(SimpleNamespace(device_backend_cls=cls, config=config, cluster=cluster))
 
 
 @pytest.mark.parametrize("name", sorted(VISIBLE))

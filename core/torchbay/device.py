@@ -112,6 +112,33 @@ class DeviceBackend:
         return None
 
     @classmethod
+    def check(cls, context: Any) -> list[str]:
+        """Problems with running on this device in ``context`` (before any process starts).
+
+        The default checks what every device shares: one process per machine for a device
+        that allows no more, a ``visible_devices`` setting it can honour, and no more
+        processes per machine than visible devices where each process needs its own.
+        Override to add your own (call ``super().check(context)``).
+        """
+        config, cluster = context.config, context.cluster
+        problems = []
+        if not cls.multi_process and cluster.local_world_size() > 1:
+            problems.append(f"device '{cls.name}' runs one process per machine but this job starts "
+                            f"{cluster.local_world_size()}; launch with --nproc-per-node 1")
+        if config.visible_devices and not cls.visible_devices_variable():
+            problems.append(f"visible_devices is set but device '{cls.name}' has no visible-devices variable; "
+                            f"remove visible_devices")
+        if cls.one_process_per_device and cluster.world_size() > 1:
+            count, per_machine = cls.visible_count(config), cluster.local_world_size()
+            if count and per_machine > count:
+                variable = cls.visible_devices_variable()
+                problems.append(f"device {cls.name}: {per_machine} processes per machine but only {count} "
+                                f"device(s) visible; {cls.dist_backend()} needs one device per process: launch at "
+                                f"most {count} processes per machine or make more devices visible (visible_devices"
+                                + (f" / {variable}" if variable else "") + ")")
+        return problems
+
+    @classmethod
     def launch_env(cls, local_world_size: int, config: Any = None) -> dict[str, str]:
         """Environment the launcher gives workers beyond the visible devices (``config``: the
         resolved config, for settings of the device's own section); the default adds nothing.

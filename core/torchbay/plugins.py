@@ -45,7 +45,7 @@ BUILTIN_PLUGINS = (
     "torchbay.builtin.amp",
     "torchbay.builtin.checkpoint_io",
     "torchbay.builtin.cluster",
-    "torchbay.builtin.validation",
+    "torchbay.builtin.environment",
 )
 #: exceptions that are never a plugin's failure: the user pressing Ctrl-C, generator clean-up
 _NOT_A_FAILURE = (KeyboardInterrupt, GeneratorExit)

@@ -41,6 +41,26 @@ def _check(cls, context, problems: list[str], pm) -> None:
         problems.append(f"plugin '{plugin}'{dist} failed in {cls.__name__}.check: {type(exc).__name__}: {exc}")
 
 
+def core_problems(context: RunContext) -> list[str]:
+    """Problems with the core's own settings for this job (the selected classes check theirs)."""
+    config = context.config
+    problems = []
+    backend = config.process_group_backend
+    if backend and context.cluster.world_size() > 1:
+        import torch.distributed as dist
+
+        if backend not in ("gloo", "mpi") and not hasattr(dist.Backend, backend.upper()):
+            problems.append(f"process_group_backend '{backend}' is not a torch.distributed backend here; "
+                            f"remove it to use device '{context.device_backend_cls.name}''s default")
+    launch = config.launch
+    if launch.num_processes and launch.nproc_per_node and \
+            launch.num_processes != launch.nproc_per_node * launch.num_machines:
+        problems.append(f"launch.num_processes ({launch.num_processes}) is not launch.nproc_per_node "
+                        f"({launch.nproc_per_node}) x launch.num_machines ({launch.num_machines}); "
+                        f"give one of num_processes or nproc_per_node")
+    return problems
+
+
 def select_device(name: str, registry: dict[str, Any], pm, problems: list[str]):
     if name == "auto":
         available = [cls for cls in registry.values() if cls.is_available()]
@@ -158,8 +178,9 @@ def build_context(resolved: ResolvedConfig, pm, cluster=None) -> RunContext:
     context = RunContext(resolved=resolved, pm=pm, cluster=cluster, device_backend_cls=device_cls,
                          strategy_cls=strategy_cls or Strategy, precision_cls=precision_cls or Precision)
     if device_cls is not None and strategy_cls is not None and precision_cls is not None:
-        _check(strategy_cls, context, problems, pm)
-        _check(precision_cls, context, problems, pm)
+        problems += core_problems(context)
+        for cls in (device_cls, strategy_cls, precision_cls):
+            _check(cls, context, problems, pm)
         for found in pm.hook.torchbay_validate(context=context):
             problems += list(found or [])
     chosen = (device_cls, strategy_cls, precision_cls, registries["checkpoint_io"].get(config.checkpoint.io))
