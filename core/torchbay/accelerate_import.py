@@ -51,13 +51,14 @@ def read_fragment(package: str, resource: str = "accelerate.yaml") -> dict[str, 
 
             return read_fragment(__package__)
 
-    Callers must not change the returned mapping (it is shared).
+    Callers must not change the returned mapping (it is shared). A malformed file raises
+    ``ValueError``, which disables the plugin for the run with a warning naming the file.
     """
     text = importlib.resources.files(package).joinpath(resource).read_text(encoding="utf-8")
     data = yaml.safe_load(text) or {}
     if not isinstance(data, dict) or not set(data) <= {"config_import", "api"}:
-        raise ConfigError(f"{package}/{resource} is not an Accelerate mapping fragment: expected a mapping with "
-                          f"the keys config_import and/or api")
+        raise ValueError(f"{package}/{resource} is not an Accelerate mapping fragment: make it a mapping whose "
+                         f"keys are config_import and/or api (found {sorted(data) if isinstance(data, dict) else data!r})")
     return data
 
 

@@ -34,28 +34,29 @@ class UnsupportedAPIError(TorchbayError, NotImplementedError):
     """An Accelerate name that torchbay does not offer; the message says what to use instead."""
 
 
-_merged: tuple[Any, dict[str, Any]] = (None, {})  # (what the plugin manager held, the merged table)
+_merged: tuple[Any, Any, dict[str, Any]] = (None, None, {})  # (plugin manager, its plugins, merged table)
+
+
+def _plugins_of(pm) -> tuple:
+    return (tuple(sorted((name, id(plugin)) for name, plugin in pm.list_name_plugin())),
+            tuple(sorted(info.name for info in pm.failed_plugins())))
 
 
 def _table() -> dict[str, Any]:
     """The core's API table with every installed plugin's ``api`` fragment merged in.
 
-    Merged on first use and again whenever the process's plugin manager (its plugins, the
-    failed ones) changes.
+    Merged on first use and again whenever the process's plugin manager, its plugins or the
+    failed ones change.
     """
     global _merged
     from torchbay.plugins import get_plugin_manager
     from torchbay.state import accelerate_api_table
 
     pm = get_plugin_manager()
-    key = (id(pm), tuple(sorted(name for name, _ in pm.list_name_plugin())),
-           tuple(sorted(info.name for info in pm.failed_plugins())))
-    if _merged[0] != key:
+    if _merged[0] is not pm or _merged[1] != _plugins_of(pm):
         table = pm.accelerate_mapping("api", accelerate_api_table())
-        key = (id(pm), tuple(sorted(name for name, _ in pm.list_name_plugin())),  # a conflict may fail one
-               tuple(sorted(info.name for info in pm.failed_plugins())))
-        _merged = (key, table)
-    return _merged[1]
+        _merged = (pm, _plugins_of(pm), table)  # (after merging: a conflict may have failed a plugin)
+    return _merged[2]
 
 
 def _registries() -> dict[str, dict[str, Any]]:
