@@ -183,3 +183,20 @@ def test_fragments_are_read_only_when_needed():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["0", "True"], proc.stdout
+
+
+def test_the_import_maps_back_each_devices_distributed_type():
+    """A ddp run on a device reports a DistributedType member (the device class says which); importing
+    an Accelerate config of that member selects that device again (its plugin's accelerate.yaml)."""
+    from torchbay.state import DistributedType
+
+    pm = get_plugin_manager()
+    table = accelerate_import.mapping_table(pm)
+    checked = []
+    for name, cls in pm.registries()["devices"].items():
+        member = getattr(cls, "accelerate_distributed_type", None) or f"MULTI_{name.upper()}"
+        if member not in DistributedType.__members__:
+            continue  # e.g. mps: Accelerate runs it with one process only
+        assert table["distributed_type"].get(member) == {"device": name, "strategy": "ddp"}, (name, member)
+        checked.append(name)
+    assert "cpu" in checked
