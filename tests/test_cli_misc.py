@@ -179,7 +179,7 @@ def failure(rank, exitcode, *, time_ns=0, consequence=False, timestamp=100):
 
 
 def test_first_failure_is_the_root_cause_not_the_broken_collective():
-    from torchbay.launcher import describe_failures
+    from torchbay.failures import describe_failures
 
     plan = SimpleNamespace(num_machines=1, machine_rank=0)
     # rank 0's collective error is recorded *before* rank 2's own error in the same second is

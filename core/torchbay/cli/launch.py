@@ -39,7 +39,8 @@ def launch_command(args: argparse.Namespace) -> int:
 
     from torchbay.cli._options import resolve_from_args
     from torchbay.errors import ConfigError
-    from torchbay.launcher import check_port_free, exec_direct, prepare, run_torchrun, torchrun_argv
+    from torchbay.launch_run import exec_direct, run_torchrun, torchrun_argv
+    from torchbay.launcher import check_port_free, prepare
     from torchbay.plugins import get_plugin_manager
 
     args.script_args = script_args_as_given(args)

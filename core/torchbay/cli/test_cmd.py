@@ -26,7 +26,8 @@ def test_command(args: argparse.Namespace) -> int:
     from torchbay.cli._options import cli_values
     from torchbay.cli.launch import _exit_now, _is_console_command
     from torchbay.config import RESOLVED_ENV, resolve_config
-    from torchbay.launcher import exec_direct, prepare, run_torchrun
+    from torchbay.launch_run import exec_direct, run_torchrun
+    from torchbay.launcher import prepare
     from torchbay.plugins import get_plugin_manager
     import os
 
