@@ -77,10 +77,11 @@ def torchbay_register_strategies() -> list[type[Strategy]]:
 def torchbay_register_precisions() -> list[type[Precision]]:
     """Return the precision classes this plugin provides.
 
-    A class's ``name`` is the ``mixed_precision`` value it serves (``no``, ``fp16``,
-    ``bf16``); an FP8 engine uses ``name = "fp8"`` and sets ``fp8_backend`` to the
-    ``fp8.backend`` value it serves (``auto`` picks the available engine of highest
-    ``priority``).
+    A class's ``name`` is the ``mixed_precision`` mode it serves (``no``, ``fp16``, ``bf16``,
+    or a mode of the plugin's own). A mode several engines serve has one class per engine,
+    with ``engine`` set to the ``<mode>.backend`` value it serves (``auto`` picks the
+    available engine of highest ``priority``), e.g. FP8: ``name = "fp8"``, ``engine = "te"``.
+    Classes are keyed by ``(name, engine)``.
 
     :return: a list of :class:`~torchbay.precision.Precision` subclasses.
     """
