@@ -1,4 +1,4 @@
-"""Rules of the architecture that a grep or an import can check."""
+"""Rules of the architecture (docs/architecture.md) that a grep or an import can check."""
 
 import importlib.util
 import os
