@@ -16,7 +16,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -25,6 +25,7 @@ from torchbay.checkpoint_dir import FORMAT_VERSION, MANIFEST  # noqa: F401  (MAN
 from torchbay.errors import CheckpointError
 from torchbay.rng_state import capture_rng_state, restore_rng_state
 from torchbay.safe_load import safe_torch_load
+from torchbay.checkpoint_io import CheckpointIO  # noqa: F401  (re-exported: plugins import it from here)
 from torchbay.strategy import optimizer_owners
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,34 +33,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("torchbay")
 AUTOMATIC_NAME = re.compile(r"checkpoint_(\d+)")
-
-
-class CheckpointIO:
-    """Writes and reads one state dict of tensors under a file stem in a directory.
-
-    ``collective``: every rank calls :meth:`save_state_dict` and :meth:`load_state_dict`
-    (each writes its own part, as torch DCP does); otherwise only the main process saves.
-    ``trusted`` is ``checkpoint.allow_unsafe_pickle`` (set by the accelerator).
-    """
-
-    name: ClassVar[str] = ""
-    collective: ClassVar[bool] = False
-    trusted: bool = False
-
-    def __init__(self, max_shard_size: str = "5GB"):
-        self.max_shard_size = max_shard_size
-
-    def save_state_dict(self, state: dict[str, torch.Tensor], directory: Path, stem: str) -> list[str]:
-        """Write ``state``; return the file names written (relative to ``directory``)."""
-        raise NotImplementedError
-
-    def load_state_dict(self, directory: Path, stem: str, device: str = "cpu",
-                        template: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """Read ``stem``; a collective io may load in place into ``template`` (the model's own state)."""
-        raise NotImplementedError
-
-    def exists(self, directory: Path, stem: str) -> bool:
-        raise NotImplementedError
 
 
 # --- save / load ---------------------------------------------------------------------------

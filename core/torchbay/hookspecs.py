@@ -15,7 +15,7 @@ Hooks are for two things only:
 Every per-run decision (launch environment, validation of the selected set-up, process
 set-up, ``prepare``, every training step, checkpoints, memory estimates) is a method of the
 selected :class:`~torchbay.device.DeviceBackend`, :class:`~torchbay.strategy.Strategy`,
-:class:`~torchbay.precision.Precision` or :class:`~torchbay.checkpointing.CheckpointIO`:
+:class:`~torchbay.precision.Precision` or :class:`~torchbay.checkpoint_io.CheckpointIO`:
 only the selected object runs it, so no plugin asks "am I the selected one?".
 ``docs/architecture.md`` draws the path from config to those objects.
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from pydantic import BaseModel
 
-    from torchbay.checkpointing import CheckpointIO
+    from torchbay.checkpoint_io import CheckpointIO
     from torchbay.cluster import ClusterEnvironment
     from torchbay.context import RunContext
     from torchbay.device import DeviceBackend
@@ -93,7 +93,7 @@ def torchbay_register_checkpoint_io() -> list[type[CheckpointIO]]:
 
     ``config.checkpoint.io`` selects the one that writes model weights.
 
-    :return: a list of :class:`~torchbay.checkpointing.CheckpointIO` subclasses.
+    :return: a list of :class:`~torchbay.checkpoint_io.CheckpointIO` subclasses.
     """
 
 

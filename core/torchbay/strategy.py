@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:  # pragma: no cover
-    from torchbay.checkpointing import CheckpointIO
+    from torchbay.checkpoint_io import CheckpointIO
     from torchbay.context import RunContext
 
 

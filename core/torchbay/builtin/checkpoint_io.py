@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from torchbay.checkpointing import CheckpointIO
+from torchbay.checkpoint_io import CheckpointIO
 from torchbay.errors import CheckpointError
 from torchbay.plugins import hookimpl
 

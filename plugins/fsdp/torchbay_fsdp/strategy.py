@@ -21,7 +21,7 @@ from torchbay.errors import CheckpointError, TorchbayError
 from torchbay.strategy import MemoryEstimate, Strategy, optimizer_owners
 
 if TYPE_CHECKING:  # pragma: no cover
-    from torchbay.checkpointing import CheckpointIO
+    from torchbay.checkpoint_io import CheckpointIO
     from torchbay.context import RunContext
 
 #: the file save_checkpoint writes next to the sharded state (read by ``torchbay merge-weights``)
