@@ -20,7 +20,6 @@ not a failure, and propagates.
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib
 import importlib.metadata as importlib_metadata
@@ -34,6 +33,7 @@ import pluggy
 
 from torchbay import hookspecs
 from torchbay.errors import PluginError, TorchbayError
+from torchbay.plugin_contributions import Contributions
 
 ENTRY_POINT_GROUP = "torchbay"
 hookimpl = pluggy.HookimplMarker("torchbay")
@@ -85,7 +85,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-class PluginManager(pluggy.PluginManager):
+class PluginManager(Contributions, pluggy.PluginManager):
     """A pluggy manager with torchbay's hookspecs, built-ins and entry-point loading.
 
     Build one with :func:`get_plugin_manager` (cached per process) or directly in tests.
@@ -233,6 +233,10 @@ class PluginManager(pluggy.PluginManager):
         guarded._torchbay_guard = True
         return guarded
 
+    def info_of(self, name: str) -> PluginInfo:
+        """What is known about plugin ``name`` (a placeholder for one registered without an info)."""
+        return self.infos.setdefault(name, PluginInfo(name, "?", "?", "failed"))
+
     def is_failed(self, name: str) -> bool:
         info = self.infos.get(name)
         return info is not None and info.status == "failed"
@@ -347,104 +351,6 @@ class PluginManager(pluggy.PluginManager):
         if plugin is None:
             return []
         return sorted(caller.name for caller in self.get_hookcallers(plugin) or [])
-
-    def config_sections(self) -> dict[str, Any]:
-        """Every plugin's config section; a plugin whose section name is taken fails."""
-        from pydantic import BaseModel
-
-        from torchbay.config import CoreConfig
-
-        sections: dict[str, Any] = {}
-        owners: dict[str, str] = {}
-        for impl in self.hook.torchbay_config_sections.get_hookimpls():  # built-ins first
-            if self.is_failed(impl.plugin_name):
-                continue
-            found = impl.function() or {}
-            if self.is_failed(impl.plugin_name):
-                continue
-            info = self.infos.setdefault(impl.plugin_name, PluginInfo(impl.plugin_name, "?", "?", "failed"))
-            hook = "torchbay_config_sections"
-            if not isinstance(found, dict) or not all(
-                    isinstance(m, type) and issubclass(m, BaseModel) for m in found.values()):
-                self._fail(info, hook, f"returned {found!r}, not a mapping of section name to pydantic model")
-                continue
-            clash = next((n for n in found if n in CoreConfig.model_fields), None)
-            if clash:
-                self._fail(info, hook, f"its config section '{clash}' clashes with the core key '{clash}'")
-                continue
-            clash = next((n for n in found if n in sections), None)
-            if clash:
-                self._fail(info, hook, f"its config section '{clash}' is already claimed by plugin "
-                                       f"'{owners[clash]}'")
-                continue
-            for name, model in found.items():
-                sections[name], owners[name] = model, impl.plugin_name
-        return sections
-
-    def accelerate_mapping(self, part: str, core: dict[str, Any]) -> dict[str, Any]:
-        """The core's Accelerate compatibility table ``part`` with every plugin's fragment merged in.
-
-        ``part`` is ``"config_import"`` or ``"api"`` (see the hook ``torchbay_accelerate_mapping``);
-        ``core`` is the core's own table, left unchanged. Mappings merge key by key and lists are
-        concatenated; a key that the core or an earlier plugin already defines (at any depth, with
-        a value that is not a mapping on both sides) is a conflict: as for a taken config section
-        name, the later plugin fails and none of its fragment is used. Called only when the
-        Accelerate import or an Accelerate name needs the table (never at import or start-up).
-        """
-        merged = copy.deepcopy(core)
-        owners: dict[tuple[str, ...], str] = {}
-        hook = "torchbay_accelerate_mapping"
-        for impl in self.hook.torchbay_accelerate_mapping.get_hookimpls():  # built-ins first
-            if self.is_failed(impl.plugin_name):
-                continue
-            found = impl.function() or {}
-            if self.is_failed(impl.plugin_name):
-                continue
-            info = self.infos.setdefault(impl.plugin_name, PluginInfo(impl.plugin_name, "?", "?", "failed"))
-            fragment = found.get(part) if isinstance(found, dict) else None
-            if not isinstance(found, dict) or not isinstance(fragment or {}, dict):
-                self._fail(info, hook, f"returned {found!r}, not {{'config_import': mapping, 'api': mapping}}")
-                continue
-            candidate = copy.deepcopy(merged)
-            clash = _merge_fragment(candidate, fragment or {}, (part,))
-            if clash:
-                owner = next((name for where, name in owners.items()
-                              if where[:len(clash)] == clash or clash[:len(where)] == where), None)
-                by = f"plugin '{owner}'" if owner else "torchbay's own table"
-                self._fail(info, hook, f"its Accelerate mapping defines '{'.'.join(map(str, clash))}', which {by} "
-                                       f"already defines")
-                continue
-            owners.update({path: impl.plugin_name for path in _leaf_paths(fragment or {}, (part,))})
-            merged = candidate
-        return merged
-
-
-def _merge_fragment(into: dict, fragment: dict, path: tuple) -> tuple | None:
-    """Merge ``fragment`` into ``into`` in place; the path of the first key both define, else None."""
-    for key, value in fragment.items():
-        here = (*path, key)
-        if key not in into:
-            into[key] = copy.deepcopy(value)
-        elif isinstance(into[key], dict) and isinstance(value, dict):
-            clash = _merge_fragment(into[key], value, here)
-            if clash:
-                return clash
-        elif isinstance(into[key], list) and isinstance(value, list):
-            into[key] = into[key] + copy.deepcopy(value)
-        else:
-            return here
-    return None
-
-
-def _leaf_paths(fragment: dict, path: tuple) -> list[tuple]:
-    """Every key path of ``fragment`` that ends at a value which is not a mapping."""
-    paths = []
-    for key, value in fragment.items():
-        if isinstance(value, dict) and value:
-            paths += _leaf_paths(value, (*path, key))
-        else:
-            paths.append((*path, key))
-    return paths
 
 
 def _precision_key(cls) -> str:
