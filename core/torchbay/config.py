@@ -12,16 +12,16 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from torchbay.config_files import CONFIG_FILE_ENV, load_yaml_file
+from torchbay.config_files import parse_yaml, read_text_file  # noqa: F401 (re-exported)
 from torchbay.errors import ConfigError
 
 RESOLVED_ENV = "TORCHBAY_RESOLVED_CONFIG"
-CONFIG_FILE_ENV = "TORCHBAY_CONFIG_FILE"
 #: TORCHBAY_* variables that control torchbay itself rather than set config values
 CONTROL_ENV = {RESOLVED_ENV, CONFIG_FILE_ENV, "TORCHBAY_PLUGINS", "TORCHBAY_DISABLE_PLUGIN_AUTOLOAD",
                "TORCHBAY_BLOCK_PLUGINS", "TORCHBAY_LOG_LEVEL", "TORCHBAY_TEST_MARKER", "TORCHBAY_RUN_DIR",
@@ -147,83 +147,6 @@ def config_model(pm=None) -> type[CoreConfig]:
 
 
 # --- sources ---------------------------------------------------------------------------
-
-
-def read_text_file(path: str | os.PathLike, what: str = "config file",
-                   setting: str = f"--config-file or {CONFIG_FILE_ENV}") -> str:
-    """The text of a UTF-8 file; any other content is a :class:`ConfigError` naming the fix."""
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{what} '{path}' is a directory, not a file (set {setting} to a YAML file)")
-    if not path.exists():  # a pipe or /dev/stdin is fine: only a name that is not there is refused
-        raise ConfigError(f"{what} '{path}' does not exist (set {setting} to a YAML file)")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{what} '{path}' cannot be read: {exc.strerror or exc}") from None
-    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise ConfigError(f"{what} '{path}' is UTF-16 encoded; save it as UTF-8 "
-                          f"(e.g. iconv -f UTF-16 -t UTF-8 {path} > fixed.yaml)")
-    if b"\0" in raw[:8192]:
-        raise ConfigError(f"{what} '{path}' is a binary file, not YAML text; point {setting} at a YAML file")
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise ConfigError(f"{what} '{path}' is not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}, e.g. "
-                          f"a Latin-1 file); save it as UTF-8 (iconv -f LATIN1 -t UTF-8 {path} > fixed.yaml)") from None
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (YAML would keep the last)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, Any] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.get(key)
-            except TypeError:  # an unhashable key: SafeLoader reports it
-                continue
-            if first is not None:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key '{key}' on lines {first.start_mark.line + 1} and "
-                    f"{key_node.start_mark.line + 1}; keep one of them", key_node.start_mark)
-            seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)
-
-
-def parse_yaml(text: str, name: str) -> Any:
-    """Parse YAML text; errors, duplicate keys included, are one :class:`ConfigError` line."""
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.constructor.ConstructorError as exc:
-        if exc.problem and exc.problem.startswith("duplicate key"):
-            raise ConfigError(f"{name}: {exc.problem}") from None
-        raise ConfigError(f"{name} is not valid YAML: {_one_line(exc)}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{name} is not valid YAML: {_one_line(exc)}") from None
-
-
-def _one_line(exc: yaml.YAMLError) -> str:
-    problem = getattr(exc, "problem", None)
-    mark = getattr(exc, "problem_mark", None)
-    if problem and mark is not None:
-        return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
-    return " ".join(str(exc).split())
-
-
-def load_yaml_file(path: str | os.PathLike) -> dict[str, Any]:
-    text = read_text_file(path)
-    data = parse_yaml(text, f"config file '{path}'")
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file '{path}' must hold a mapping of keys to values, not {type(data).__name__}")
-    bad = [k for k in data if not isinstance(k, str)]
-    if bad:
-        raise ConfigError(f"config file '{path}': key {bad[0]!r} is not a name; keys are names like mixed_precision")
-    return data
 
 
 def env_values(environ: Mapping[str, str]) -> dict[str, Any]:
