@@ -15,6 +15,11 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "torchbay.accelerator": ["Accelerator"],
+    "torchbay.big_modeling": ["cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",
+                              "init_empty_weights", "init_on_device", "load_checkpoint_and_dispatch"],
+    "torchbay.checkpoint_loading": ["load_checkpoint_in_model"],
+    "torchbay.device_map": ["infer_auto_device_map"],
+    "torchbay.dispatch_hooks": ["remove_hook_from_module", "remove_hook_from_submodules"],
     "torchbay.checkpointing": ["CheckpointIO"],
     "torchbay.cluster": ["ClusterEnvironment"],
     "torchbay.config": ["resolve_config"],

@@ -46,6 +46,9 @@ class DeviceBackend:
     one_process_per_device: ClassVar[bool] = True
     #: Accelerate's DistributedType member for a multi-process ddp run here (None: MULTI_<NAME>)
     accelerate_distributed_type: ClassVar[str | None] = None
+    #: share of each device's total memory that big-model placement (``device_map="auto"``)
+    #: leaves free for activations, the allocator's cache and the runtime
+    placement_headroom: ClassVar[float] = 0.10
 
     def __init__(self, local_rank: int = 0):
         self.load_runtime()
@@ -174,6 +177,31 @@ class DeviceBackend:
         if cls.collective_backend:
             return cls.collective_backend
         return torch.distributed.get_default_backend_for_device(cls.torch_type())
+
+    @classmethod
+    def memory_capacity(cls) -> dict[int, tuple[int, int]]:
+        """``{index: (free_bytes, total_bytes)}`` for every device of this kind the process sees.
+
+        Big-model placement asks it (``device_map="auto"``, ``get_max_memory``). The default
+        reads ``torch.accelerator.get_memory_info`` when this is torch's current accelerator and
+        the class keeps the generic :meth:`mem_get_info`; otherwise the class's own
+        ``mem_get_info`` on an instance per index. Override when the device can say it cheaper.
+        """
+        accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        generic = (cls.mem_get_info is DeviceBackend.mem_get_info and accelerator is not None
+                   and accelerator.type == cls.torch_type() and hasattr(torch.accelerator, "get_memory_info"))
+        out = {}
+        for index in range(cls.device_count()):
+            free, total = torch.accelerator.get_memory_info(index) if generic else cls(index).mem_get_info()
+            out[index] = (int(free), int(total))
+        return out
+
+    @classmethod
+    def placement_budget(cls) -> dict[int, int]:
+        """Bytes ``device_map="auto"`` may fill on each index: the free memory less
+        ``placement_headroom`` of the total (never negative)."""
+        return {index: max(0, free - int(total * cls.placement_headroom))
+                for index, (free, total) in cls.memory_capacity().items()}
 
     # -- per-process operations ---------------------------------------------------------
     def process_group_kwargs(self) -> dict[str, Any]:

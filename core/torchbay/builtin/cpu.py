@@ -45,6 +45,22 @@ class CPUBackend(DeviceBackend):
     def dist_backend(cls) -> str:
         return "gloo"
 
+    @classmethod
+    def memory_capacity(cls) -> dict[int, tuple[int, int]]:
+        """``{0: (available, total)}``: available counts reclaimable page cache (MemAvailable)."""
+        info = {}
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    key, _, rest = line.partition(":")
+                    info[key] = int(rest.split()[0]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        page = os.sysconf("SC_PAGE_SIZE")
+        total = info.get("MemTotal") or os.sysconf("SC_PHYS_PAGES") * page
+        free = info.get("MemAvailable") or os.sysconf("SC_AVPHYS_PAGES") * page
+        return {0: (min(free, total), total)}
+
     def set_current(self) -> None:
         pass
 
