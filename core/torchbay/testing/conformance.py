@@ -17,8 +17,9 @@ Two ways to use it:
 
 The checks (see :data:`CHECKS`): detection, plugin import cost, RNG round trip, seeding
 determinism, memory queries, autocast dtypes, a 2-process collective test started through
-``torchbay launch`` (``torch.distributed.run`` while that command is not installed), and a
-train / save_state / load_state / resume cycle that must equal the uninterrupted run.
+``torchbay launch`` (``torch.distributed.run`` while that command is not installed), a
+train / save_state / load_state / resume cycle that must equal the uninterrupted run, and
+big-model placement (device capacity per index, a dispatched model split with an offload).
 Nothing here names a device: it is the plugin's ``DeviceBackend`` that is tested.
 """
 
@@ -38,6 +39,7 @@ import torch
 from torchbay.testing._conformance_base import (CheckResult, ConformanceFailure, ConformanceReport,  # noqa: F401
                                                 ConformanceSkip, _device_class, _draw, _fail, _first,
                                                 _require_available)
+from torchbay.testing._conformance_placement import check_placement
 from torchbay.testing._conformance_runs import check_collectives, check_train_resume
 
 __all__ = [
@@ -45,7 +47,7 @@ __all__ = [
     "run_check", "conformance_device", "conformance_plugin_manager", "conformance_env",
     "test_conformance_detection", "test_conformance_plugin_import", "test_conformance_rng_round_trip",
     "test_conformance_seeding", "test_conformance_memory", "test_conformance_autocast",
-    "test_conformance_collectives", "test_conformance_train_resume",
+    "test_conformance_collectives", "test_conformance_train_resume", "test_conformance_placement",
 ]
 
 
@@ -269,6 +271,7 @@ CHECKS: dict[str, Callable[..., str]] = {
     "autocast": check_autocast,
     "collectives": check_collectives,
     "train_resume": check_train_resume,
+    "placement": check_placement,
 }
 
 
@@ -355,5 +358,6 @@ if pytest is not None:
     test_conformance_autocast = _as_test("autocast")
     test_conformance_collectives = _as_test("collectives")
     test_conformance_train_resume = _as_test("train_resume")
+    test_conformance_placement = _as_test("placement")
 else:  # pragma: no cover
     __all__ = [n for n in __all__ if not n.startswith(("test_", "conformance_"))]
