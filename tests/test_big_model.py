@@ -385,3 +385,15 @@ def test_names_come_from_torchbay_and_torchbay_utils():
     for name in ("infer_auto_device_map", "get_balanced_memory", "compute_module_sizes", "load_checkpoint_in_model",
                  "get_max_memory", "find_tied_parameters", "set_module_tensor_to_device", "remove_hook_from_module"):
         assert callable(getattr(utils, name))
+
+
+def test_estimate_memory_shows_the_auto_device_map(tmp_path, eager, capsys):
+    from torchbay.cli.main import main
+
+    save_file(hf_state(eager), str(tmp_path / "model.safetensors"))
+    assert main(["estimate-memory", str(tmp_path / "model.safetensors"), "--format", "json"]) == 0
+    placement = json.loads(capsys.readouterr().out)["big_model_inference"]
+    assert placement["device_map"] == {"": "cpu"} and placement["max_memory"]["cpu"] > 0
+    assert placement["placed"]["cpu"] == utils.compute_module_sizes(empty_net())[""]
+    assert main(["estimate-memory", str(tmp_path / "model.safetensors")]) == 0
+    assert 'device_map="auto" on this machine' in capsys.readouterr().out

@@ -4,7 +4,9 @@ MODEL is a Python path ``package.module:factory`` (a callable returning an ``nn.
 built on the meta device so no memory is used, or an ``nn.Module`` instance) or a
 safetensors checkpoint (a file, or a folder of ``*.safetensors`` shards; only the headers
 are read). Each installed strategy reports its own per-process numbers
-(``Strategy.estimate_memory``); activations are not included.
+(``Strategy.estimate_memory``); activations are not included. Last comes the device map
+that ``device_map="auto"`` would choose on this machine (big-model inference: the device
+plugins give each device's budget).
 """
 
 from __future__ import annotations
@@ -52,10 +54,23 @@ def _weight_files(folder: Path) -> list[Path]:
 
 
 def count_safetensors(path: Path) -> dict[str, int]:
+    total = sum(_numel(meta["shape"]) for meta in safetensors_shapes(path).values())
+    return {"parameters": total, "trainable": total}
+
+
+def _numel(shape) -> int:
+    numel = 1
+    for dim in shape:
+        numel *= int(dim)
+    return numel
+
+
+def safetensors_shapes(path: Path) -> dict[str, dict[str, Any]]:
+    """``{name: {"shape": [...], "dtype": "F32"...}}`` from the headers of the model's files."""
     files = _weight_files(path) if path.is_dir() else [path]
     if not files:
         raise _error(f"'{path}' holds no *.safetensors file")
-    total = 0
+    out = {}
     for file in files:
         try:
             with open(file, "rb") as fp:
@@ -65,17 +80,56 @@ def count_safetensors(path: Path) -> dict[str, int]:
                 header = json.loads(fp.read(size))
         except (OSError, ValueError, struct.error) as exc:
             raise _error(f"'{file}' is not a safetensors file ({exc})") from None
-        for name, meta in header.items():
-            if name == "__metadata__":
-                continue
-            numel = 1
-            for dim in meta["shape"]:
-                numel *= int(dim)
-            total += numel
-    return {"parameters": total, "trainable": total}
+        out.update({name: meta for name, meta in header.items() if name != "__metadata__"})
+    return out
+
+
+_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
+           "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn",
+           "F8_E5M2": "float8_e5m2"}
+
+
+def meta_model(shapes: dict[str, dict[str, Any]]):
+    """A module tree on the meta device with one parameter per checkpoint tensor (for placement)."""
+    import torch
+
+    root = torch.nn.Module()
+    for name, meta in shapes.items():
+        owner = root
+        *path, leaf = name.split(".")
+        for part in path:
+            if not isinstance(getattr(owner, part, None), torch.nn.Module):
+                owner.add_module(part, torch.nn.Module())
+            owner = getattr(owner, part)
+        dtype = getattr(torch, _DTYPES.get(meta.get("dtype"), "float32"))
+        owner.register_parameter(leaf, torch.nn.Parameter(torch.empty(meta["shape"], dtype=dtype, device="meta"),
+                                                          requires_grad=False))
+    return root
+
+
+def auto_device_map(model) -> dict[str, Any]:
+    """What ``device_map="auto"`` chooses here: the budgets, the map, and bytes per device."""
+    from torchbay.device_map import compute_module_sizes, get_max_memory
+    from torchbay.device_map_infer import get_balanced_memory, infer_auto_device_map
+
+    budgets = get_max_memory()
+    device_map = infer_auto_device_map(model, max_memory=get_balanced_memory(model, budgets))
+    sizes = compute_module_sizes(model)
+    placed: dict[str, int] = {}
+    for name, device in device_map.items():
+        placed[str(device)] = placed.get(str(device), 0) + sizes.get(name, 0)
+    return {"max_memory": {str(k): v for k, v in budgets.items()}, "device_map": device_map, "placed": placed}
 
 
 def count_module(spec: str) -> dict[str, int]:
+    obj = build_module(spec)
+    params = list(obj.parameters())
+    return {"parameters": sum(p.numel() for p in params),
+            "trainable": sum(p.numel() for p in params if p.requires_grad)}
+
+
+def build_module(spec: str):
+    """The module of ``pkg.module:factory`` (called on the meta device)."""
     import torch
 
     module_name, _, attr = spec.partition(":")
@@ -106,9 +160,7 @@ def count_module(spec: str) -> dict[str, int]:
                          f"model without arguments") from None
         if not isinstance(obj, torch.nn.Module):
             raise _error(f"'{spec}' returned {type(obj).__name__}, not an nn.Module")
-    params = list(obj.parameters())
-    return {"parameters": sum(p.numel() for p in params),
-            "trainable": sum(p.numel() for p in params if p.requires_grad)}
+    return obj
 
 
 def _refuse_arguments(spec: str, factory) -> None:
@@ -159,12 +211,19 @@ def estimate_command(args: argparse.Namespace) -> int:
     pm = get_plugin_manager()
     resolved = resolve_from_args(args, pm=pm)
     path = Path(args.model)
-    counts = count_safetensors(path) if path.exists() else count_module(args.model)
+    module = meta_model(safetensors_shapes(path)) if path.exists() else build_module(args.model)
+    params = list(module.parameters())
+    counts = {"parameters": sum(p.numel() for p in params),
+              "trainable": sum(p.numel() for p in params if p.requires_grad)}
+    if path.exists():
+        counts["trainable"] = counts["parameters"]
     launch = resolved.config.launch
     world = launch.num_processes or (launch.nproc_per_node or 1) * launch.num_machines
     rows = estimate(counts, resolved, pm, world)
+    placement = auto_device_map(module)
     if args.format == "json":
-        print(json.dumps({"counts": counts, "world_size": world, "rows": rows}, indent=2))
+        print(json.dumps({"counts": counts, "world_size": world, "rows": rows, "big_model_inference": placement},
+                         indent=2))
         return 0
     print(f"{args.model}: {counts['parameters']:,} parameters ({counts['trainable']:,} trainable); "
           f"{world} process(es); per process, without activations")
@@ -186,4 +245,16 @@ def estimate_command(args: argparse.Namespace) -> int:
         else:
             print("  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip())
     print("optimizer assumes Adam (two fp32 states per trainable parameter) unless a strategy says otherwise")
+    _print_placement(placement)
     return 0
+
+
+def _print_placement(placement: dict[str, Any]) -> None:
+    print('\nbig-model inference: device_map="auto" on this machine (load_checkpoint_and_dispatch)')
+    for device, budget in placement["max_memory"].items():
+        print(f"  {device:<6} budget {_gib(budget):>11}  placed {_gib(placement['placed'].get(device, 0)):>11}")
+    if "disk" in placement["placed"]:
+        print(f"  disk   placed {_gib(placement['placed']['disk'])} (needs offload_folder=)")
+    entries = list(placement["device_map"].items())
+    shown = ", ".join(f"{name or '<model>'}: {device}" for name, device in entries[:8])
+    print(f"  map: {shown}" + (f", ... ({len(entries)} entries)" if len(entries) > 8 else ""))
