@@ -43,6 +43,8 @@ NOTES = {
     "set_seed": "also seeds the generators of every live device backend",
     "tqdm": "also accepts Accelerate's old tqdm(main_process_only, iterable) form",
     "synchronize_rng_states": "'torch', 'generator' or the run's device name; other devices are skipped",
+    "LoggerType": "ALL and one member per installed tracker (a tracker plugin, or the built-in JSONL); a "
+                  "member that is not installed raises, naming the distribution to install (docs/tracking.md)",
 }
 
 

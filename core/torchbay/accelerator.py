@@ -20,6 +20,7 @@ from torchbay.accelerator_args import AccelerateSurface
 from torchbay.accelerator_args import translate as translate_accelerate_arguments
 from torchbay.accelerator_prepare import Preparation
 from torchbay.accelerator_process import ProcessControl
+from torchbay.accelerator_tracking import Tracking
 from torchbay.checkpointing import StateCheckpointer
 from torchbay.config import ResolvedConfig, resolve_config
 from torchbay.data import PreparedDataLoader, SkipFirstBatches
@@ -39,7 +40,7 @@ def _explicit_args(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-class Accelerator(Preparation, ProcessControl, AccelerateSurface):
+class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
     """Runs your own training loop on the configured device, strategy and precision.
 
     Arguments left as ``None`` come from the config sources (defaults < YAML file <
@@ -56,9 +57,7 @@ class Accelerator(Preparation, ProcessControl, AccelerateSurface):
                  device_placement: bool | None = None,
                  gradient_accumulation_plugin: GradientAccumulationPlugin | None = None, log_with: Any = None,
                  **accelerate_args: Any):
-        if log_with not in (None, [], ()):
-            raise ConfigError("log_with: experiment trackers are not part of torchbay yet; log from "
-                              "accelerator.is_main_process with your tracker's own API")
+        tracker_names, tracker_instances = self._log_with_names(log_with)
         sync_each_batch = False
         if gradient_accumulation_plugin is not None:
             sync_each_batch = gradient_accumulation_plugin.sync_each_batch
@@ -80,6 +79,8 @@ class Accelerator(Preparation, ProcessControl, AccelerateSurface):
             args["project"] = project_config.to_config()
         if project_dir is not None:
             args["project.project_dir"] = project_dir
+        if tracker_names is not None:
+            args["tracking.log_with"] = tracker_names
         self.handlers = self._sort_handlers(kwargs_handlers)
         if self.handlers.get(InitProcessGroupKwargs):
             ipg = self.handlers[InitProcessGroupKwargs]
@@ -120,6 +121,7 @@ class Accelerator(Preparation, ProcessControl, AccelerateSurface):
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
         self._checkpointer = StateCheckpointer(self)
+        self._setup_tracking(tracker_instances)
         if self.config.seed is not None:
             set_seed(self.config.seed)
 
@@ -267,10 +269,11 @@ class Accelerator(Preparation, ProcessControl, AccelerateSurface):
 
     def _training_state(self) -> dict[str, Any]:
         return {"gradient_step": self.gradient_state.step, "save_iteration": self.save_iteration,
-                "dataloaders": [dl.state_dict() for dl in self._dataloaders]}
+                "dataloaders": [dl.state_dict() for dl in self._dataloaders], **self._tracking_state()}
 
     def _load_training_state(self, state: dict[str, Any]) -> None:
         self.gradient_state.step = int(state["gradient_step"])
+        self._load_tracking_state(state)
         for loader, dl_state in zip(self._dataloaders, state["dataloaders"]):
             loader.load_state_dict(dl_state)
 
@@ -322,9 +325,13 @@ class Accelerator(Preparation, ProcessControl, AccelerateSurface):
     release_memory = free_memory
 
     def end_training(self) -> None:
-        """Tear down the process group; call at the end of a run (also done at exit)."""
-        self.strategy.teardown()
-        _live.discard(self)
+        """Finish the trackers (closing their files), then tear down the process group; call at
+        the end of a run (also done at exit)."""
+        try:
+            self._finish_trackers()
+        finally:
+            self.strategy.teardown()
+            _live.discard(self)
 
 
 def _refuse_unsupported(method: str, what: Any, why: str) -> None:
@@ -357,6 +364,8 @@ def live_device_backends() -> list[Any]:
 def _teardown_at_exit() -> None:
     # gloo can abort a rank at interpreter exit while a process group is alive
     for accelerator in list(_live):
+        with contextlib.suppress(Exception):
+            accelerator._finish_trackers()  # flush and close what end_training was not called to close
         with contextlib.suppress(Exception):
             accelerator.strategy.teardown(barrier=False)
 

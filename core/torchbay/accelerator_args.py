@@ -65,9 +65,6 @@ def translate(arguments: dict[str, Any]) -> dict[str, Any]:
 
 #: Accelerator attributes of Accelerate's that torchbay does not have -> what to use instead
 REFUSED_ATTRIBUTES = {
-    "init_trackers": "experiment trackers are not part of torchbay yet; log from accelerator.is_main_process",
-    "log": "experiment trackers are not part of torchbay yet; log from accelerator.is_main_process",
-    "get_tracker": "experiment trackers are not part of torchbay yet; log from accelerator.is_main_process",
     "register_save_state_pre_hook": "save extra state with register_for_checkpointing(obj) (state_dict/"
                                     "load_state_dict) or a plugin's torchbay_state_extra hook",
     "register_load_state_pre_hook": "restore extra state with register_for_checkpointing(obj) or a plugin's "

@@ -12,10 +12,11 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from typing import Any, Mapping, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from torchbay.config_files import CONFIG_FILE_ENV, load_yaml_file
 from torchbay.config_files import parse_yaml, read_text_file  # noqa: F401 (re-exported)
@@ -46,6 +47,7 @@ RENAMED_KEYS = {
     "gradient_accumulation": "gradient_accumulation_steps",
     "fp8_backend": "fp8.backend",
     "use_cpu": "device (set device: cpu)",
+    "log_with": "tracking.log_with",
 }
 
 
@@ -101,6 +103,36 @@ class PluginsSection(Section):
     required: list[str] = Field(default_factory=list, description="fail unless these plugins are loaded")
 
 
+class TrackingSection(Section):
+    log_with: list[str] = Field(default_factory=list,
+                                description="experiment trackers to log to, by name (jsonl is built in; 'all': every "
+                                            "installed tracker); several: repeat the flag or separate with commas")
+    logging_dir: Optional[str] = Field(None, description="directory under which every tracker writes (each in "
+                                                         "<logging_dir>/<tracker>); default: project.logging_dir, "
+                                                         "else <project.project_dir>/logs")
+
+    @field_validator("log_with", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        """``"a,b"`` or ``["a", "b,c"]`` -> ``["a", "b", "c"]``; ``None`` -> ``[]``."""
+        if value is None:
+            return []
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, (list, tuple)):
+            out = []
+            for item in value:
+                if not isinstance(item, str):
+                    return value  # the model reports the wrong type
+                out += [part.strip() for part in str.__str__(item).split(",") if part.strip()]
+            for name in out:
+                if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+                    raise ValueError(f"{name!r} is not a tracker name (lower-case letters, digits and _, e.g. "
+                                     f"jsonl; 'all' for every installed tracker)")
+            return out
+        return value
+
+
 class CoreConfig(Section):
     """The core's part of the tree; plugin sections are added by :func:`config_model`."""
 
@@ -124,6 +156,7 @@ class CoreConfig(Section):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     launch: LaunchSection = Field(default_factory=LaunchSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
 
 
 _models: dict[tuple, type[CoreConfig]] = {}

@@ -8,7 +8,7 @@ hooks.
 Hooks are for two things only:
 
 - **discovery**: what is installed (devices, strategies, precisions, checkpoint io, cluster
-  environments, config sections, Accelerate compatibility data, CLI options and commands);
+  environments, experiment trackers, config sections, Accelerate compatibility data, CLI options and commands);
 - **cross-cutting concerns** that do not belong to one selected object: checks of a
   plugin's own settings, extra state in a checkpoint, lines of ``torchbay env``.
 
@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torchbay.plugins import PluginManager
     from torchbay.precision import Precision
     from torchbay.strategy import Strategy
+    from torchbay.tracking import GeneralTracker
 
 hookspec = pluggy.HookspecMarker("torchbay")
 
@@ -105,6 +106,22 @@ def torchbay_register_cluster_environments() -> list[type[ClusterEnvironment]]:
     the current process.
 
     :return: a list of :class:`~torchbay.cluster.ClusterEnvironment` subclasses.
+    """
+
+
+@hookspec
+def torchbay_register_trackers() -> list[type[GeneralTracker]]:
+    """Return the experiment-tracker classes this plugin provides (one per tracking library).
+
+    Each class is a :class:`~torchbay.tracking.GeneralTracker` subclass with a unique
+    ``name``; ``tracking.log_with`` (``Accelerator(log_with=...)``, ``--log-with``) selects
+    trackers by name, ``"all"`` every installed one. Only the selected classes are asked
+    anything (``unavailable_reason``, ``check``, ``logging_dir_for``, ``create``), so returning
+    a class must not import the tracker's library. The tracker's own settings are the config
+    section named after it, contributed through :func:`torchbay_config_sections`. The core
+    registers the built-in ``jsonl`` tracker through this hook.
+
+    :return: a list of :class:`~torchbay.tracking.GeneralTracker` subclasses.
     """
 
 

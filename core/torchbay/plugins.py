@@ -46,6 +46,7 @@ BUILTIN_PLUGINS = (
     "torchbay.builtin.checkpoint_io",
     "torchbay.builtin.cluster",
     "torchbay.builtin.environment",
+    "torchbay.builtin.tracking",
 )
 #: exceptions that are never a plugin's failure: the user pressing Ctrl-C, generator clean-up
 _NOT_A_FAILURE = (KeyboardInterrupt, GeneratorExit)
@@ -282,7 +283,7 @@ class PluginManager(Contributions, pluggy.PluginManager):
             raise PluginError("\n".join(missing))
 
     def registries(self) -> dict[str, dict[str, Any]]:
-        """``{"devices": {name: cls}, "strategies": ..., "precisions": ..., ...}``, built once.
+        """``{"devices": {name: cls}, "strategies": ..., "precisions": ..., "trackers": ...}``, built once.
 
         Implementations are collected built-ins first, then in registration order; a later
         plugin that registers a name already taken is the one that fails.
@@ -297,6 +298,7 @@ class PluginManager(Contributions, pluggy.PluginManager):
                 "checkpoint_io": self._collect(self.hook.torchbay_register_checkpoint_io, "checkpoint io"),
                 "cluster_environments": self._collect(
                     self.hook.torchbay_register_cluster_environments, "cluster environment"),
+                "trackers": self._collect(self.hook.torchbay_register_trackers, "tracker"),
             }
             if len(self.failed_plugins()) == failed_before:  # a failure drops all of a plugin's classes
                 self._registries = registries
@@ -337,7 +339,8 @@ class PluginManager(Contributions, pluggy.PluginManager):
 
     def _record_registrations(self) -> None:
         singular = {"devices": "device", "strategies": "strategy", "precisions": "precision",
-                    "checkpoint_io": "checkpoint_io", "cluster_environments": "cluster_environment"}
+                    "checkpoint_io": "checkpoint_io", "cluster_environments": "cluster_environment",
+                    "trackers": "tracker"}
         for info in self.infos.values():
             info.registers = []
         for kind, registry in self._registries.items():

@@ -42,6 +42,7 @@ _EXPORTS = {
                                  "clean_state_dict_for_safetensors", "extract_submodules_state_dict",
                                  "load_offloaded_weight", "load_offloaded_weights", "load_state_dict",
                                  "offload_state_dict", "offload_weight", "retie_parameters"],
+    "torchbay.tracking": ["LoggerType"],
     "torchbay.launchers": ["debug_launcher", "notebook_launcher"],
     "torchbay.helpers": ["CannotPadNestedTensorWarning", "PrecisionType", "RNGType", "TensorInformation",
                          "check_os_kernel", "clear_environment", "compare_versions", "convert_bytes",

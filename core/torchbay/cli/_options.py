@@ -20,7 +20,7 @@ from typing import Any
 from torchbay.errors import ConfigError
 
 #: sections whose keys get no prefix on the command line
-UNPREFIXED = ("launch",)
+UNPREFIXED = ("launch", "tracking")  # --log-with, --logging-dir
 #: keys with no flag of their own (use --set)
 NO_FLAG: set[str] = set()
 CONFIG_DESTS_ATTR = "_torchbay_config_dests"

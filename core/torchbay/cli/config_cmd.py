@@ -264,7 +264,30 @@ def build_interactively(pm, asker: Asker) -> dict[str, Any]:
     seed = asker.ask("Seed (none for no seeding)?", "none", cast=_optional_int)
     if seed not in (None, "none"):
         tree["seed"] = seed
+    _ask_trackers(asker, pm, registries["trackers"], tree)
     return tree
+
+
+def _ask_trackers(asker: Asker, pm, registry: dict[str, Any], tree: dict[str, Any]) -> None:
+    """Which installed trackers to log to (only those that can run here are offered), then the
+    settings of each chosen tracker's own section."""
+    installed = sorted(name for name, cls in registry.items() if not cls.unavailable_reason())
+
+    def names(text: str) -> list[str]:
+        chosen = [n.strip() for n in text.split(",") if n.strip() and n.strip() != "none"]
+        unknown = [n for n in chosen if n not in installed and n != "all"]
+        if unknown:
+            raise ValueError(", ".join(unknown))
+        return chosen
+
+    names.__name__ = f"comma-separated list of {', '.join(['all', *installed])} or none"
+    chosen = asker.ask(f"Log metrics to which trackers (comma-separated; installed: {', '.join(installed)})?",
+                       "none", cast=names)
+    if chosen in ("none", []):
+        return
+    tree["tracking"] = {"log_with": chosen}
+    for name in (installed if "all" in chosen else chosen):
+        _ask_section(asker, pm, name, tree)
 
 
 def _ask_precision(asker: Asker, pm, registry: dict[str, Any], device_cls, tree: dict[str, Any]) -> None:

@@ -70,6 +70,7 @@ def collect(pm, config_file: str | None = None) -> dict[str, Any]:
             except Exception as exc:
                 entry["memory"] = f"unknown ({type(exc).__name__}: {exc})"
         report["devices"].append(entry)
+    report["trackers"] = _trackers(registries["trackers"])
     from torchbay.cluster import detect_cluster_environment
 
     cluster = detect_cluster_environment(registries["cluster_environments"])
@@ -80,9 +81,27 @@ def collect(pm, config_file: str | None = None) -> dict[str, Any]:
         report["config"] = {k: {"value": v, "source": resolved.source_of(k)} for k, v in resolved.flat().items()
                             if resolved.source_of(k) != "default"}
         report["config_file"] = config_file or os.environ.get("TORCHBAY_CONFIG_FILE") or "none"
+        from torchbay.tracking import where_logs_go
+
+        report["tracking"] = where_logs_go(resolved.config, registries["trackers"])
     except Exception as exc:
         report["config_error"] = str(exc)
     return report
+
+
+def _trackers(registry: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for name, cls in sorted(registry.items()):
+        try:
+            reason = cls.unavailable_reason()
+        except Exception as exc:  # a broken tracker plugin must not hide the report
+            reason = f"its plugin failed to say: {type(exc).__name__}: {exc}"
+        entry: dict[str, Any] = {"name": name, "plugin": getattr(cls, "_torchbay_plugin", "?"),
+                                 "available": not reason}
+        if reason:
+            entry["reason"] = reason
+        out.append(entry)
+    return out
 
 
 def env_command(args: argparse.Namespace) -> int:
@@ -111,6 +130,13 @@ def env_command(args: argparse.Namespace) -> int:
             out.append(f"  {d['name']}: {d['count']} found, {d.get('memory', '')}")
         else:
             out.append(f"  {d['name']}: not available: {d['reason']}")
+    out.append("trackers (tracking.log_with selects by name):")
+    for t in report["trackers"]:
+        out.append(f"  {t['name']} ({t['plugin']}): " + ("available" if t["available"] else
+                                                         f"not available: {t['reason']}"))
+    if report.get("tracking"):
+        out.append("logs of the selected trackers go to:")
+        out += [f"  {name}: {where}" for name, where in report["tracking"].items()]
     out.append(f"cluster: {report['cluster']}")
     if "config_error" in report:
         out.append("config: INVALID")

@@ -10,7 +10,8 @@ import sys
 from torchbay.errors import TorchbayError
 
 #: subcommand modules under torchbay.cli, each with ``register(subparsers)``
-COMMAND_MODULES = ("launch", "config_cmd", "env", "plugins_cmd", "test_cmd", "estimate_memory", "new_plugin")
+COMMAND_MODULES = ("launch", "config_cmd", "env", "plugins_cmd", "test_cmd", "estimate_memory", "new_plugin",
+                   "plot")
 
 
 def apply_plugin_flags(argv: list[str]) -> list[str]:

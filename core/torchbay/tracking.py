@@ -1,0 +1,497 @@
+"""Experiment trackers: Accelerate's ``GeneralTracker`` interface, the built-in JSON Lines tracker,
+choosing trackers by name, and converting logged values.
+
+The core knows only this interface and one dependency-free tracker (``jsonl``). Every other
+tracker (one per tracking library) is a plugin distribution that returns its class from the
+hook ``torchbay_register_trackers``; ``tracking.log_with`` (or ``Accelerator(log_with=...)``)
+selects trackers by name, ``"all"`` selects every installed one. A name nothing registered is
+an error before training starts, naming the distribution to install. See docs/tracking.md.
+
+Hooks only find the classes: every per-run decision (where the logs go, checking the
+tracker's own settings, creating the run, converting values) is a method of the selected
+tracker class or object.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import json
+import logging
+import math
+import numbers
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from torchbay.errors import TorchbayError
+
+log = logging.getLogger("torchbay")
+
+#: the name ``log_with`` takes for "every installed tracker"
+ALL = "all"
+#: the built-in tracker's name and the file it writes in its run directory
+JSONL_NAME = "jsonl"
+JSONL_FILE = "metrics.jsonl"
+JSONL_FORMAT = "torchbay-jsonl/1"
+
+
+class TrackerError(TorchbayError, ValueError):
+    """A tracker was asked for something it cannot do (unknown name, bad arguments, wrong order)."""
+
+
+# --- the interface -------------------------------------------------------------------------
+
+
+class GeneralTracker:
+    """Base of every tracker, with Accelerate's names (``accelerate.tracking.GeneralTracker``).
+
+    A subclass sets ``name`` and ``requires_logging_directory`` and overrides what its backend
+    supports: ``start`` (create the run), ``store_init_configuration`` (hyper-parameters),
+    ``log`` (scalars and other values at a step), ``log_images``, ``finish`` (close files) and
+    the ``tracker`` property (the backend's own run object, ``get_tracker(name, unwrap=True)``).
+
+    A registered tracker class is also asked, before training starts and only when selected:
+    ``unavailable_reason()`` (its library cannot be imported), ``check(context)`` (its own
+    settings: the config section named after the tracker) and ``logging_dir_for(base,
+    settings)`` (where it writes; by default ``<base>/<name>``, or the section's ``logging_dir``).
+    On the main process torchbay then builds it with ``create(run_name, logging_dir, settings,
+    init_kwargs)`` and calls ``start()``. An instance passed in ``log_with`` is used as it is.
+
+    Only the main process runs a tracker unless its ``main_process_only`` is ``False``.
+    """
+
+    #: the name ``log_with`` selects it by (a registered class must set it)
+    name: str = ""
+    #: whether ``create`` passes it a logging directory (Accelerate's attribute)
+    requires_logging_directory: bool = False
+    #: run only on the main process (Accelerate's attribute)
+    main_process_only: bool = True
+
+    def __init__(self, _blank: bool = False):
+        if not _blank and not getattr(self, "name", ""):
+            raise TrackerError(f"{type(self).__name__} must set the class attribute 'name' (the name "
+                               f"get_tracker and the logs use)")
+
+    # -- before the run: class methods of the selected classes -------------------------------
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why this tracker cannot run here (its library is not importable), or ``None``."""
+        return None
+
+    @classmethod
+    def check(cls, context: Any) -> list[str]:
+        """Problems with this tracker's own settings for the run, each naming the setting and the fix."""
+        return []
+
+    @classmethod
+    def logging_dir_for(cls, base: Path, settings: Any = None) -> Path:
+        """Where this tracker writes: the ``logging_dir`` of its config section when set, else
+        ``<base>/<name>`` (``base`` is ``tracking.logging_dir``, see :func:`logging_base`)."""
+        own = getattr(settings, "logging_dir", None)
+        return Path(own) if own else Path(base) / cls.name
+
+    @classmethod
+    def create(cls, run_name: str, logging_dir: Path, settings: Any, init_kwargs: dict[str, Any]) -> GeneralTracker:
+        """Build the tracker for this run (main process). ``settings`` is the tracker's config
+        section (``None`` without one); ``init_kwargs`` is ``init_trackers(init_kwargs={name: ...})``.
+        The default calls ``cls(run_name, logging_dir, settings=settings, **init_kwargs)``."""
+        return cls(run_name, logging_dir, settings=settings, **init_kwargs)
+
+    # -- the run ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Create the backend's run (called once, on the main process, by ``init_trackers``)."""
+
+    @property
+    def tracker(self) -> Any:
+        """The backend's own run object (``get_tracker(name, unwrap=True)``)."""
+        return None
+
+    @property
+    def location(self) -> str:
+        """Where this tracker's logs are, for the first log line and ``torchbay env``."""
+        return ""
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Record the run's configuration (hyper-parameters); may be nested."""
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Record ``values`` (scalars, strings, nested dicts, tensors) at ``step``."""
+
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        raise TrackerError(f"tracker '{self.name}' cannot log images")
+
+    def finish(self) -> None:
+        """Flush and close (``end_training``)."""
+
+
+def on_main_process(function):
+    """Accelerate's decorator for tracker methods: run on the main process only, unless the
+    tracker's ``main_process_only`` is ``False``."""
+
+    @functools.wraps(function)
+    def execute(self, *args, **kwargs):
+        if getattr(self, "main_process_only", False) and not _is_main_process():
+            return None
+        return function(self, *args, **kwargs)
+
+    return execute
+
+
+def _is_main_process() -> bool:
+    from torchbay.state import PartialState
+
+    state = PartialState._shared_state
+    if "process_index" in state:
+        return state["process_index"] == 0
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+# --- values --------------------------------------------------------------------------------
+
+
+def to_python(value: Any) -> Any:
+    """A plain Python value for ``value``: tensors and numpy scalars/arrays become numbers or lists,
+    paths and enums their text; mappings and sequences are converted item by item."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, enum.Enum):
+        return to_python(value.value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, Mapping):
+        return {str(k): to_python(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_python(v) for v in value]
+    tolist = getattr(value, "tolist", None)  # torch tensors, numpy arrays and scalars
+    if tolist is not None and hasattr(value, "dtype"):
+        try:
+            return value.item() if getattr(value, "ndim", 1) == 0 else tolist()
+        except Exception:
+            return str(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return str(value)
+
+
+def flatten(values: Mapping[str, Any], sep: str = "/", prefix: str = "") -> dict[str, Any]:
+    """``{"opt": {"lr": 1e-3}}`` -> ``{"opt/lr": 1e-3}`` (values converted with :func:`to_python`)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{sep}{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            out.update(flatten(value, sep, name))
+        else:
+            out[name] = to_python(value)
+    return out
+
+
+def is_number(value: Any) -> bool:
+    """A real number a metric store can keep (bools excluded)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def split_scalars(values: Mapping[str, Any], sep: str = "/") -> tuple[dict[str, float], dict[str, Any]]:
+    """Flattened ``values`` as ``(numbers, everything else)``; NaN and inf stay numbers."""
+    flat = flatten(values, sep)
+    numbers_ = {k: float(v) if isinstance(v, float) else v for k, v in flat.items() if is_number(v)}
+    others = {k: v for k, v in flat.items() if k not in numbers_}
+    return numbers_, others
+
+
+def hparam_value(value: Any) -> bool | int | float | str:
+    """A value a hyper-parameter table can hold: numbers, bools and strings as they are, else JSON text."""
+    value = to_python(value)
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+# --- the built-in tracker ------------------------------------------------------------------
+
+
+def _json_default(value: Any) -> Any:
+    converted = to_python(value)
+    return converted if not isinstance(converted, type(value)) else str(value)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: write them as the strings "nan", "inf", "-inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+class JSONLinesTracker(GeneralTracker):
+    """The built-in tracker: one JSON object per line in ``<logging_dir>/<run_name>/metrics.jsonl``.
+
+    Needs nothing beyond the standard library; ``torchbay plot`` draws its scalars. A resumed
+    run appends to the same file. Records: ``{"format": ...}`` once per start, ``{"config":
+    {...}}``, ``{"step": n, "time": t, "values": {...}}`` and ``{"event": "finish"}``.
+    """
+
+    name = JSONL_NAME
+    requires_logging_directory = True
+
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
+                 **kwargs: Any):
+        super().__init__()
+        if kwargs:
+            raise TrackerError(f"init_kwargs['jsonl'] has {', '.join(sorted(kwargs))}: the jsonl tracker takes no "
+                               f"arguments; remove them")
+        self.run_name = run_name
+        self.path = Path(logging_dir or ".") / run_name / JSONL_FILE
+        self._file = None
+
+    def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() and self.path.stat().st_size:
+            with open(self.path, encoding="utf-8") as existing:
+                first = existing.readline()
+            try:
+                ours = json.loads(first).get("format") == JSONL_FORMAT
+            except (ValueError, AttributeError):
+                ours = False
+            if not ours:
+                raise TrackerError(f"{self.path} exists and was not written by torchbay's jsonl tracker; torchbay "
+                                   f"does not write into it: choose another run name or tracking.logging_dir")
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._write({"format": JSONL_FORMAT, "run": self.run_name, "time": time.time()})
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            raise TrackerError(f"the jsonl tracker of run '{self.run_name}' is not started (call "
+                               f"accelerator.init_trackers first) or already finished")
+        self._file.write(json.dumps(_finite(record), default=_json_default) + "\n")
+        self._file.flush()
+
+    @property
+    def tracker(self) -> Any:
+        return self._file
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self._write({"config": to_python(dict(values)), "time": time.time()})
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self._write({"step": step, "time": time.time(), "values": to_python(dict(values))})
+
+    def finish(self) -> None:
+        if self._file is not None:
+            self._write({"event": "finish", "time": time.time()})
+            self._file.close()
+            self._file = None
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a built-in tracker's ``metrics.jsonl`` (a torn last line is skipped)."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return records
+
+
+def find_jsonl(run_dir: str | os.PathLike) -> list[Path]:
+    """Every built-in tracker file under ``run_dir`` (or ``run_dir`` itself when it is one)."""
+    root = Path(run_dir)
+    if root.is_file():
+        return [root]
+    return sorted(root.rglob(JSONL_FILE))
+
+
+def read_scalars(path: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+    """``{metric: [(step, value), ...]}`` from a built-in tracker file; nested names joined by ``/``."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for record in read_jsonl(path):
+        if "values" not in record or record.get("step") is None:
+            continue
+        numbers_, _ = split_scalars(record["values"])
+        for name, value in numbers_.items():
+            series.setdefault(name, []).append((int(record["step"]), float(value)))
+    return series
+
+
+# --- choosing trackers ---------------------------------------------------------------------
+
+
+def install_hint(name: str) -> str:
+    return f"pip install torchbay-{name.replace('_', '-')}"
+
+
+def registered(pm=None) -> dict[str, type[GeneralTracker]]:
+    """Every installed tracker class by name (the built-in ``jsonl`` included)."""
+    if pm is None:
+        from torchbay.plugins import get_plugin_manager
+
+        pm = get_plugin_manager()
+    return pm.registries()["trackers"]
+
+
+def select_trackers(names: Iterable[str], registry: Mapping[str, type[GeneralTracker]], pm=None,
+                    setting: str = "tracking.log_with") -> tuple[list[type[GeneralTracker]], list[str]]:
+    """The classes ``names`` select (``"all"``: every installed one that can run here) and the
+    problems found: a name nothing registered (with the distribution to install), a tracker
+    whose library cannot be imported."""
+    chosen: list[type[GeneralTracker]] = []
+    problems: list[str] = []
+    for name in names:
+        if name == ALL:
+            for cls in registry.values():
+                if cls not in chosen and not _reason(cls):
+                    chosen.append(cls)
+            continue
+        cls = registry.get(name)
+        if cls is None:
+            failed = [f"{i.name} ({i.distribution}: {i.error})" for i in pm.failed_plugins()] if pm else []
+            message = (f"{setting}: tracker '{name}' is not installed (installed: {', '.join(sorted(registry))}); "
+                       f"{install_hint(name)}")
+            problems.append(message + (f"; plugins that failed to load: {'; '.join(failed)}" if failed else ""))
+            continue
+        reason = _reason(cls)
+        if reason:
+            problems.append(f"{setting}: tracker '{name}' cannot run here: {reason}")
+        elif cls not in chosen:
+            chosen.append(cls)
+    return chosen, problems
+
+
+def _reason(cls: type[GeneralTracker]) -> str | None:
+    try:
+        return cls.unavailable_reason()
+    except Exception as exc:
+        return f"its plugin failed to say whether it can run ({type(exc).__name__}: {exc})"
+
+
+def logging_base(config: Any) -> Path:
+    """The directory under which every tracker writes by default: ``tracking.logging_dir``, else
+    ``project.logging_dir``, else ``<project.project_dir>/logs``."""
+    tracking = config.tracking
+    if tracking.logging_dir:
+        return Path(tracking.logging_dir)
+    if config.project.logging_dir:
+        return Path(config.project.logging_dir)
+    return Path(config.project.project_dir) / "logs"
+
+
+def tracking_problems(context: Any) -> list[str]:
+    """The tracking section's problems for this run: names that select nothing, unusable
+    trackers, the selected classes' own ``check``, a logging directory that is a file."""
+    config = context.config
+    registry = registered(context.pm)
+    classes, problems = select_trackers(config.tracking.log_with, registry, context.pm)
+    for cls in classes:
+        try:
+            problems += list(cls.check(context) or [])
+        except TorchbayError:
+            raise
+        except Exception as exc:
+            plugin = getattr(cls, "_torchbay_plugin", "?")
+            problems.append(f"plugin '{plugin}' failed in {cls.__name__}.check: {type(exc).__name__}: {exc}")
+    if classes:
+        base = logging_base(config)
+        for cls in classes:
+            where = cls.logging_dir_for(base, getattr(config, cls.name, None))
+            blocker = next((p for p in [where, *where.parents] if p.exists()), None)
+            if blocker is not None and not blocker.is_dir():
+                problems.append(f"tracker '{cls.name}' would write under {where}, but {blocker} is a file; set "
+                                f"tracking.logging_dir (or {cls.name}.logging_dir) to a directory")
+    return problems
+
+
+def where_logs_go(config: Any, registry: Mapping[str, type[GeneralTracker]]) -> dict[str, str]:
+    """``{tracker name: directory}`` for the trackers ``config`` selects (``torchbay env``)."""
+    classes, _ = select_trackers(config.tracking.log_with, registry)
+    base = logging_base(config)
+    return {cls.name: str(cls.logging_dir_for(base, getattr(config, cls.name, None))) for cls in classes}
+
+
+# --- Accelerate's LoggerType ---------------------------------------------------------------
+
+
+class _LoggerTypeMeta(type):
+    """``LoggerType.MYTRACKER`` is the name ``"mytracker"`` when such a tracker is installed;
+    otherwise an error naming the distribution to install. Iterating gives ``ALL`` and every
+    installed tracker."""
+
+    def __getattr__(cls, attr: str):
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        name = attr.lower()
+        if name == ALL or name in registered():
+            return cls(name)
+        raise TrackerError(f"LoggerType.{attr}: tracker '{name}' is not installed (installed: "
+                           f"{', '.join(sorted(registered()))}); {install_hint(name)}")
+
+    def __iter__(cls):
+        return iter([cls(ALL), *(cls(name) for name in registered())])
+
+    def __call__(cls, value: Any = ALL):
+        return super().__call__(str(getattr(value, "value", value)))
+
+
+class LoggerType(str, metaclass=_LoggerTypeMeta):
+    """Accelerate's ``LoggerType``: ``LoggerType.ALL`` and one member per installed tracker
+    (``LoggerType.JSONL`` for the built-in one). A member is its name."""
+
+    @property
+    def value(self) -> str:
+        return str.__str__(self)
+
+    @property
+    def name(self) -> str:
+        return self.value.upper()
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"<LoggerType.{self.name}: {self.value!r}>"
+
+
+def split_log_with(log_with: Any) -> tuple[list[str] | None, list[GeneralTracker]]:
+    """``Accelerator(log_with=...)`` as (names, or None when not given; tracker instances)."""
+    if log_with is None:
+        return None, []
+    if isinstance(log_with, (str, GeneralTracker)) or not isinstance(log_with, (list, tuple, set)):
+        items = [log_with]
+    else:
+        items = list(log_with)
+    names, instances, bad = [], [], []
+    for item in items:
+        if isinstance(item, GeneralTracker):
+            instances.append(item)
+        elif isinstance(item, str):
+            names += [part.strip() for part in str(getattr(item, "value", item)).split(",") if part.strip()]
+        elif isinstance(getattr(item, "value", None), str):  # another enum of names (Accelerate's LoggerType)
+            names.append(item.value)
+        else:
+            bad.append(repr(item))
+    if bad:
+        raise TrackerError(f"log_with: {', '.join(bad)} is not a tracker name, LoggerType or GeneralTracker "
+                           f"instance (a class? pass an instance: log_with=[MyTracker(...)])")
+    return names, instances
+
+
+def say(message: str) -> None:
+    """Tell the user (logger ``torchbay`` at INFO when it is shown, else one line on stderr)."""
+    if log.isEnabledFor(logging.INFO) and (log.hasHandlers()):
+        log.info("torchbay: %s", message)
+    else:
+        print(f"torchbay: {message}", file=sys.stderr, flush=True)
