@@ -1,0 +1,40 @@
+"""Shared fixtures of the tracker plugins' tests: a clean torchbay environment per test, and
+``launches``: two real 2-process runs (gloo) of :mod:`torchbay.testing.tracking_run`, the second
+resuming from the first's saved state."""
+
+import json
+import os
+
+import pytest
+
+from torchbay.plugins import reset_plugin_manager
+
+
+@pytest.fixture(autouse=True)
+def _clean_torchbay_env(monkeypatch):
+    import torch.distributed as dist
+
+    for name in list(os.environ):
+        if name.startswith("TORCHBAY_"):
+            monkeypatch.delenv(name)
+    reset_plugin_manager(None)
+    yield
+    reset_plugin_manager(None)
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def launches(tmp_path):
+    """``launches(log_with, env=None, init_kwargs=None)``: run 3 logged steps in 2 processes, save,
+    then 3 more in a new 2-process launch after load_state; return each rank's result of the second."""
+    from torchbay.testing import tracking_run
+    from torchbay.testing.processes import run_torchrun
+
+    def run(log_with: str, env: dict | None = None, init_kwargs: dict | None = None) -> list[dict]:
+        args = ["--project-dir", str(tmp_path), "--log-with", log_with, "--init-kwargs", json.dumps(init_kwargs or {})]
+        for extra in ([], ["--resume"]):
+            run_torchrun(tracking_run.__file__, 2, [*args, *extra], env=env, timeout=300).check()
+        return [json.loads((tmp_path / f"result_rank{r}.json").read_text()) for r in range(2)]
+
+    return run

@@ -1,0 +1,51 @@
+"""Registers the ``tensorboard`` tracker and its config section ``tensorboard:``.
+
+- ``logging_dir``: where the event files go (default ``<tracking logging dir>/tensorboard``);
+  each run writes into ``<logging_dir>/<project_name>``.
+- ``flush_secs``, ``max_queue``: how often the writer flushes (``SummaryWriter``'s arguments).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Optional
+
+from pydantic import Field
+
+from torchbay.config import Section
+from torchbay.plugins import hookimpl
+
+NAME = "tensorboard"
+
+
+class TensorBoardSection(Section):
+    logging_dir: Optional[str] = Field(None, description="directory of the event files (default: <tracking "
+                                                         "logging dir>/tensorboard)")
+    flush_secs: int = Field(120, ge=1, description="seconds between flushes of the event file")
+    max_queue: int = Field(10, ge=1, description="events queued before a flush")
+
+
+@hookimpl
+def torchbay_register_trackers():
+    from torchbay_tensorboard.tracker import TensorBoardTracker
+
+    return [TensorBoardTracker]
+
+
+@hookimpl
+def torchbay_config_sections():
+    return {NAME: TensorBoardSection}
+
+
+@hookimpl
+def torchbay_report_env():
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return {"tensorboard": version("tensorboard")}
+    except PackageNotFoundError:
+        return {"tensorboard": "not installed (pip install tensorboard)"}
+
+
+def library_missing() -> bool:
+    return importlib.util.find_spec("tensorboard") is None
