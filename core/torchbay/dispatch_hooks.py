@@ -15,6 +15,7 @@ hook (the root) moves the outputs back to the device the inputs came from.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -40,9 +41,14 @@ class TensorSource:
 
 
 class FileSource:
-    """One tensor of a safetensors file, read (memory-mapped) when needed, converted to ``dtype``."""
+    """One tensor of a safetensors file, read (memory-mapped) when needed, converted to ``dtype``.
 
-    _handles: dict[str, Any] = {}
+    The most recently used file stays open; an older one is closed, so that the pages of
+    offloaded weights leave the process once their modules have run.
+    """
+
+    _handles: "OrderedDict[str, Any]" = OrderedDict()
+    _keep = 1
     _lock = threading.Lock()
 
     def __init__(self, path: str | Path, key: str, dtype: torch.dtype | None = None):
@@ -55,6 +61,9 @@ class FileSource:
         with cls._lock:
             if path not in cls._handles:
                 cls._handles[path] = safe_open(path, framework="pt", device="cpu")
+                while len(cls._handles) > cls._keep:
+                    cls._handles.popitem(last=False)
+            cls._handles.move_to_end(path)
             return cls._handles[path]
 
     def load(self, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
