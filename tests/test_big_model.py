@@ -397,3 +397,12 @@ def test_estimate_memory_shows_the_auto_device_map(tmp_path, eager, capsys):
     assert placement["placed"]["cpu"] == sum(t.numel() * t.element_size() for t in hf_state(eager).values())
     assert main(["estimate-memory", str(tmp_path / "model.safetensors")]) == 0
     assert 'device_map="auto" on this machine' in capsys.readouterr().out
+
+
+def test_one_parameter_given_to_two_modules_stays_one():
+    with torchbay.init_empty_weights():
+        shared = nn.Parameter(torch.ones(4, 4))
+        a, b = nn.Linear(4, 4), nn.Linear(4, 4)
+        a.weight = shared
+        b.weight = shared
+    assert a.weight is b.weight and a.weight.is_meta

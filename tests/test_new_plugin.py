@@ -112,7 +112,7 @@ def test_scaffolded_device_builds_installs_is_selected_and_passes_the_kit(tmp_pa
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", str(package / "tests"),
                            str(probe)], capture_output=True, text=True, timeout=500, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
-    assert "9 passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-5000:]
+    assert "10 passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-5000:]
     assert any(line.startswith("PASSED") and "test_conformance_collectives" in line
                for line in proc.stdout.splitlines()), proc.stdout[-3000:]
     # adding the device touched only its own package

@@ -33,8 +33,9 @@ DEVICE_MAP_MODES = ("auto", "balanced", "balanced_low_0", "sequential")
 def init_on_device(device: torch.device | str, include_buffers: bool | None = None) -> Iterator[None]:
     """Create every parameter (and, with ``include_buffers``, every buffer) on ``device``.
 
-    A parameter that is already on ``device`` is kept as it is, so a tie made inside the
-    block (``self.head.weight = self.embed.weight``) stays one parameter.
+    A parameter that is already on ``device`` is kept as it is, and one parameter object given
+    to several modules becomes one object on ``device``, so a tie made inside the block
+    (``self.head.weight = self.embed.weight``) stays one parameter.
     """
     device = torch.device(device)
     if include_buffers:
@@ -42,15 +43,16 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
             yield
         return
     original = nn.Module.register_parameter
+    moved: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}  # id(original) -> (original, its copy on device)
 
     def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         original(module, name, param)
         if param is not None and param.device != device:
-            extra = dict(param.__dict__)
-            moved = type(param)(param.to(device), requires_grad=param.requires_grad) if type(param) is nn.Parameter \
-                else type(param)(param.to(device), **extra)
-            moved.__dict__.update(extra)
-            module._parameters[name] = moved
+            if id(param) not in moved:  # one parameter given to two modules stays one parameter
+                copy = type(param)(param.to(device), requires_grad=param.requires_grad)
+                copy.__dict__.update(param.__dict__)  # what a parameter subclass carries
+                moved[id(param)] = (param, copy)
+            module._parameters[name] = moved[id(param)][1]
 
     nn.Module.register_parameter = register_parameter
     try:

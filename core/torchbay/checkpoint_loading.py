@@ -108,7 +108,8 @@ def check_against(model_slots_: list[Slot], transient: list[Slot], files: Checkp
                 problems.append(f"'{key}' has shape {list(shape)} in the checkpoint but "
                                 f"{list(model_slots_[i].tensor.shape)} in the model")
     if problems:
-        fix = "" if strict else "; pass strict=False to only warn about weights the model already holds"
+        fix = "; or pass strict=False to only warn about weights the model already holds and extra keys" \
+            if strict else ""
         raise CheckpointError(f"checkpoint {files.where} does not match the model (nothing was loaded):\n  - "
                               + "\n  - ".join(problems) + ("\nfix the checkpoint or the model" + fix
                                                            if missing_real or unexpected else ""))
