@@ -1,0 +1,54 @@
+"""Registers the ``mlflow`` tracker and its config section ``mlflow:``.
+
+- ``logging_dir``: where the default store lives (default ``<tracking logging dir>/mlflow``:
+  ``mlflow.db`` and ``artifacts/``).
+- ``tracking_uri``: another store or a tracking server (``sqlite:///path/mlflow.db``,
+  ``file:///path/mlruns``, ``http://host:5000``); default: the sqlite store in ``logging_dir``.
+- ``experiment_name``: default the run name given to ``init_trackers``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Optional
+
+from pydantic import Field
+
+from torchbay.config import Section
+from torchbay.plugins import hookimpl
+
+NAME = "mlflow"
+
+
+class MLflowSection(Section):
+    logging_dir: Optional[str] = Field(None, description="directory of the default sqlite store and artifacts "
+                                                         "(default: <tracking logging dir>/mlflow)")
+    tracking_uri: Optional[str] = Field(None, description="store or server URI (sqlite:///..., file:///..., "
+                                                          "http://...); default: sqlite in logging_dir")
+    experiment_name: Optional[str] = Field(None, description="MLflow experiment (default: init_trackers' name)")
+
+
+@hookimpl
+def torchbay_register_trackers():
+    from torchbay_mlflow.tracker import MLflowTracker
+
+    return [MLflowTracker]
+
+
+@hookimpl
+def torchbay_config_sections():
+    return {NAME: MLflowSection}
+
+
+@hookimpl
+def torchbay_report_env():
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return {"mlflow": version("mlflow")}
+    except PackageNotFoundError:
+        return {"mlflow": "not installed (pip install mlflow)"}
+
+
+def library_missing() -> bool:
+    return importlib.util.find_spec("mlflow") is None
