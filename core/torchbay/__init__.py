@@ -32,6 +32,7 @@ _EXPORTS = {
     "torchbay.data": ["prepare_data_loader", "skip_first_batches"],
     "torchbay.helpers": ["find_executable_batch_size"],
     "torchbay.launchers": ["debug_launcher", "notebook_launcher"],
+    "torchbay.parallelism_config": ["ParallelismConfig"],
     "torchbay.state": ["AcceleratorState", "DistributedType", "PartialState"],
     "torchbay.wrappers": ["GradientState"],
     "torchbay.plugins": ["PluginManager", "get_plugin_manager", "hookimpl"],

@@ -104,6 +104,8 @@ class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
         self.context.strategy = self.strategy
         self.strategy.setup_environment(timeout_s=self.config.process_group_timeout_s)
         register_process_group_owner(self.strategy)
+        if accelerate_args.get("parallelism_config") is not None:  # the user's object gets the strategy's mesh
+            accelerate_args["parallelism_config"].device_mesh = self.strategy.device_mesh
         _live.add(self)
         self.precision = self.strategy.adapt_precision(self.context.precision_cls(self.context))
         self.context.precision = self.precision

@@ -17,7 +17,6 @@ REFUSED = {
     "megatron_lm_plugin": "Megatron-LM is not a torchbay strategy",
     "dynamo_backend": "call torch.compile(model) yourself, before or after prepare()",
     "dynamo_plugin": "call torch.compile(model) yourself, before or after prepare()",
-    "parallelism_config": "N-D parallel dimensions are configured in the strategy plugins' config sections",
 }
 #: arguments whose value is a backend plugin's settings object
 PLUGIN_OBJECTS = ("fsdp_plugin", "deepspeed_plugin", "deepspeed_plugins")
@@ -46,6 +45,15 @@ def translate(arguments: dict[str, Any]) -> dict[str, Any]:
                                 f"(torchbay.utils.{type(value).__name__}), not {type(value).__module__}'s")
                 continue
             out.update(to_config())
+        elif name == "parallelism_config":
+            if value is None:
+                continue
+            to_config = getattr(value, "to_config", None)
+            if to_config is None:
+                problems.append(f"Accelerator(parallelism_config=...) takes torchbay.ParallelismConfig, not "
+                                f"{type(value).__module__}.{type(value).__name__}")
+                continue
+            out.update(to_config())
         elif name == "split_batches":
             out["dataloader.split_batches"] = bool(value)
         elif name == "rng_types":
@@ -70,13 +78,9 @@ REFUSED_ATTRIBUTES = {
     "register_load_state_pre_hook": "restore extra state with register_for_checkpointing(obj) or a plugin's "
                                     "torchbay_load_state_extra hook",
     "lomo_backward": "LOMO optimizers are not supported; use accelerator.backward with a torch optimizer",
-    "maybe_context_parallel": "context parallelism belongs to a strategy plugin",
     "deepspeed_ulysses_dl_adapter": "sequence parallelism belongs to a strategy plugin",
     "verify_device_map": "big-model device maps are outside torchbay",
-    "context_parallel_rank": "N-D parallel ranks belong to the strategy plugins (torch DeviceMesh)",
-    "tensor_parallel_rank": "N-D parallel ranks belong to the strategy plugins (torch DeviceMesh)",
     "pipeline_parallel_rank": "N-D parallel ranks belong to the strategy plugins (torch DeviceMesh)",
-    "data_parallel_shard_rank": "N-D parallel ranks belong to the strategy plugins (torch DeviceMesh)",
 }
 
 
@@ -132,21 +136,51 @@ class AccelerateSurface:
     def should_save_model(self) -> bool:
         return True
 
+    # -- N-D parallelism: answered by the selected strategy ---------------------------------
     @property
     def data_parallel_rank(self) -> int:
-        return self.process_index
+        """Which part of each global batch this process reads (the same within a tp/cp group)."""
+        return self.strategy.data_parallel_rank
 
     @property
     def torch_device_mesh(self):
-        return getattr(self.strategy, "device_mesh", None)
+        """The strategy's named ``DeviceMesh`` (``dp_replicate``, ``dp_shard``, ``cp``, ``tp``, flattened ``dp``...)."""
+        return self.strategy.device_mesh
 
     @property
     def parallelism_config(self):
-        return None
+        return self.strategy.parallelism_config
 
     @property
     def is_composable_parallelism_enabled(self) -> bool:
-        return False
+        return self.strategy.parallelism_config is not None
+
+    def _mesh_rank(self, dim: str) -> int:
+        mesh = self.strategy.device_mesh
+        if mesh is None or dim not in (mesh.mesh_dim_names or ()):
+            from torchbay.errors import ConfigError
+
+            raise ConfigError(f"the parallel dimension '{dim}' is not enabled (parallelism.{dim}_size is 1 or the "
+                              f"strategy builds no device mesh); set parallelism.{dim}_size")
+        return mesh.get_local_rank(dim)
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        return self._mesh_rank("tp")
+
+    @property
+    def context_parallel_rank(self) -> int:
+        return self._mesh_rank("cp")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        return self._mesh_rank("dp_shard")
+
+    def maybe_context_parallel(self, buffers: list | None = None, buffer_seq_dims: list | None = None,
+                               no_restore_buffers: set | None = None):
+        """Shard the sequence dimension of ``buffers`` across the context-parallel group inside the
+        block (no-op without context parallelism), as Accelerate's method does."""
+        return self.strategy.context_parallel(buffers, buffer_seq_dims, no_restore_buffers)
 
     def clear(self, *objects: Any):
         return self.free_memory(*objects)

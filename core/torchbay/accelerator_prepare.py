@@ -145,7 +145,9 @@ class Preparation:
         dispatch = cfg.dispatch_batches
         if dispatch is None:  # Accelerate's default: the main process reads iterable datasets
             dispatch = placement and isinstance(dataloader.dataset, IterableDataset)
-        settings = LoaderSettings(num_processes=self.num_processes, process_index=self.process_index,
+        # ranks of one tensor/context parallel group read the same batch: split by the data-parallel rank
+        settings = LoaderSettings(num_processes=self.strategy.data_parallel_size,
+                                  process_index=self.strategy.data_parallel_rank,
                                   device=self.device if placement else None, split_batches=cfg.split_batches,
                                   even_batches=cfg.even_batches, dispatch_batches=dispatch,
                                   use_seedable_sampler=cfg.use_seedable_sampler, non_blocking=cfg.non_blocking,

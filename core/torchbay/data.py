@@ -301,20 +301,27 @@ def prepare_data_loader(dataloader: DataLoader, device: Any = None, num_processe
     from torchbay.state import PartialState
     from torchbay.wrappers import GradientState
 
-    refused = {"slice_fn_for_dispatch": slice_fn_for_dispatch, "torch_device_mesh": torch_device_mesh}
-    given = [name for name, value in refused.items() if value]
-    if given:
-        raise ConfigError(f"prepare_data_loader: {', '.join(given)} not supported by torchbay (dispatched batches are "
-                          f"sliced along dim 0; N-D meshes belong to the strategy plugins); leave it unset")
+    if slice_fn_for_dispatch is not None:
+        raise ConfigError("prepare_data_loader: slice_fn_for_dispatch is not supported by torchbay (dispatched batches "
+                          "are sliced along dim 0); leave it unset")
     state = PartialState()
     strategy = state._strategy
+    dp_size, dp_rank = strategy.data_parallel_size, strategy.data_parallel_rank
+    if torch_device_mesh is not None:  # ranks that differ only in tp/cp read the same batch
+        names = torch_device_mesh.mesh_dim_names or ()
+        dp_dims = [n for n in ("dp_replicate", "dp_shard") if n in names]
+        dp_size, dp_rank = 1, 0
+        for name in dp_dims:
+            dp_size_here = torch_device_mesh[name].size()
+            dp_rank = dp_rank * dp_size_here + torch_device_mesh.get_local_rank(name)
+            dp_size *= dp_size_here
     if dispatch_batches is None:
         dispatch_batches = put_on_device and isinstance(dataloader.dataset, IterableDataset)
     if dispatch_batches and not put_on_device:
         raise ConfigError("prepare_data_loader(dispatch_batches=True) needs put_on_device=True")
     seed = data_seed if data_seed is not None else strategy.broadcast_object(torch.initial_seed() % 2**62)
-    settings = LoaderSettings(num_processes=state.num_processes if num_processes is None else num_processes,
-                              process_index=state.process_index if process_index is None else process_index,
+    settings = LoaderSettings(num_processes=dp_size if num_processes is None else num_processes,
+                              process_index=dp_rank if process_index is None else process_index,
                               device=(device if device is not None else state.device) if put_on_device else None,
                               split_batches=split_batches, even_batches=even_batches,
                               dispatch_batches=dispatch_batches, use_seedable_sampler=use_seedable_sampler,

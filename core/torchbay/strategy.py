@@ -80,6 +80,9 @@ class Strategy:
     needs_process_group: ClassVar[bool] = False
     #: whether the strategy's own backward divides the loss for gradient accumulation
     handles_accumulation: ClassVar[bool] = False
+    #: the N-D parallel dimensions (``parallelism.<dim>_size`` > 1; names in
+    #: ``torchbay.parallelism_config.MESH_ORDER`` or the strategy's own) this strategy can build
+    parallel_dims: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, context: RunContext):
         self.context = context
@@ -99,7 +102,27 @@ class Strategy:
         if world == 1 and not cls.single_process:
             problems.append(f"strategy '{cls.name}' needs several processes; launch with "
                             f"torchbay launch --num-processes N")
-        return problems
+        return problems + cls.check_parallel_dims(context)
+
+    @classmethod
+    def check_parallel_dims(cls, context: RunContext) -> list[str]:
+        """Refuse ``parallelism`` sizes > 1 of dimensions not in ``parallel_dims``, naming the
+        installed strategies that offer them; check that the sizes multiply to the world size."""
+        from torchbay.parallelism_config import parallel_sizes, validate_sizes
+
+        sizes = parallel_sizes(context.config)
+        if all(size == 1 for size in sizes.values()):
+            return []
+        wanted = [name for name, size in sizes.items() if size > 1 and name not in cls.parallel_dims]
+        if wanted:
+            offering = sorted(name for name, strategy in context.pm.registries()["strategies"].items()
+                              if set(wanted) <= set(getattr(strategy, "parallel_dims", ())))
+            settings = ", ".join(f"parallelism.{name}_size {sizes[name]}" for name in wanted)
+            fix = (f"select strategy: {' or '.join(offering)}" if offering else
+                   "install a strategy plugin that offers them")
+            return [f"strategy '{cls.name}' cannot build the parallel dimension(s) {', '.join(wanted)} "
+                    f"({settings}); {fix}, or set those sizes to 1"]
+        return validate_sizes(sizes, context.cluster.world_size())
 
     @classmethod
     def launch_env(cls, local_world_size: int, config: Any, device_cls: Any) -> dict[str, str]:
@@ -133,6 +156,36 @@ class Strategy:
     @property
     def distributed(self) -> bool:
         return dist.is_available() and dist.is_initialized()
+
+    # -- data parallelism (N-D strategies override) ----------------------------------------
+    @property
+    def data_parallel_size(self) -> int:
+        """How many different batches one step reads: the prepared data loaders split each
+        global batch this many ways. The world size unless ranks share a batch (tensor or
+        context parallel groups of an N-D strategy)."""
+        return self.world_size
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which of the ``data_parallel_size`` parts this process reads (ranks of one tensor or
+        context parallel group read the same part)."""
+        return self.rank
+
+    @property
+    def device_mesh(self) -> Any:
+        """The named ``torch.distributed.DeviceMesh`` of an N-D strategy (``accelerator.torch_device_mesh``), else None."""
+        return None
+
+    @property
+    def parallelism_config(self) -> Any:
+        """The ``ParallelismConfig`` this strategy runs (``accelerator.parallelism_config``), else None."""
+        return None
+
+    def context_parallel(self, buffers: list | None = None, buffer_seq_dims: list | None = None,
+                         no_restore_buffers: set | None = None):
+        """Context in which the sequence dimension of ``buffers`` is sharded across a context
+        parallel group (``accelerator.maybe_context_parallel``); default: nothing to do."""
+        return contextlib.nullcontext()
 
     def setup_environment(self, timeout_s: float | None = None) -> None:
         """Join the process group when there are several processes.

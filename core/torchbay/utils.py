@@ -43,6 +43,7 @@ _EXPORTS = {
                                  "load_offloaded_weight", "load_offloaded_weights", "load_state_dict",
                                  "offload_state_dict", "offload_weight", "retie_parameters"],
     "torchbay.tracking": ["LoggerType"],
+    "torchbay.parallelism_config": ["ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig"],
     "torchbay.launchers": ["debug_launcher", "notebook_launcher"],
     "torchbay.helpers": ["CannotPadNestedTensorWarning", "PrecisionType", "RNGType", "TensorInformation",
                          "check_os_kernel", "clear_environment", "compare_versions", "convert_bytes",

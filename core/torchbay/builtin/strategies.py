@@ -25,6 +25,7 @@ class DDPStrategy(Strategy):
     """Replicate the model on every process; average gradients with DistributedDataParallel."""
 
     name = "ddp"
+    parallel_dims = ("dp_replicate",)  # parallelism.dp_replicate_size = the world size: plain DDP
 
     def __init__(self, context):
         super().__init__(context)

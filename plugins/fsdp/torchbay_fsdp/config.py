@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import Field
 
@@ -40,3 +40,28 @@ class FSDPConfig(Section):
                             "(bf16 -> bfloat16, fp16 -> float16, otherwise the parameters' own)")
     reduce_dtype: DType = Field(
         "auto", description="dtype gradients are reduced in; auto: float32 when param_dtype is lower, else the gradients' own")
+
+
+class ParallelismSection(Section):
+    """The ``parallelism`` section: sizes of the N-D parallel dimensions of ``strategy: fsdp``
+    (``torchbay.ParallelismConfig``; ``--dp-shard-size``, ``--tp-size``... on ``torchbay launch``).
+
+    All sizes 1 (the default) with ``strategy: fsdp`` shards over every process (``dp_shard``
+    = the world size). Otherwise the sizes multiply to the number of processes.
+    """
+
+    dp_replicate_size: int = Field(1, ge=1, description="replicas of the sharded model (HSDP when dp_shard_size > 1, "
+                                                        "plain DDP alone)")
+    dp_shard_size: int = Field(1, ge=1, description="processes each replica's parameters, gradients and optimizer "
+                                                    "state are sharded over (FSDP)")
+    tp_size: int = Field(1, ge=1, description="tensor parallel: processes that split each planned layer (tp_plan) "
+                                              "and read the same batch")
+    cp_size: int = Field(1, ge=1, description="context parallel: processes that split the sequence of each batch "
+                                              "(SDPA attention; needs an accelerator)")
+    cp_comm_strategy: Literal["allgather", "alltoall"] = Field(
+        "allgather", description="how the ranks of a cp group exchange keys and values")
+    tp_plan: dict[str, Any] = Field(
+        default_factory=dict, description="module-name pattern (* = one name component) -> style: colwise, rowwise, "
+                                          "colwise_rep, rowwise_rep, local_colwise, local_rowwise, replicate, "
+                                          "sequence_parallel (or a torch ParallelStyle object in Python); empty: the "
+                                          "model's own tp_plan / _tp_plan attribute")

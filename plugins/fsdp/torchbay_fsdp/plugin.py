@@ -10,7 +10,7 @@ import argparse
 
 from torchbay.plugins import hookimpl
 
-from torchbay_fsdp.config import FSDPConfig
+from torchbay_fsdp.config import FSDPConfig, ParallelismSection
 
 #: CLI flag -> (config key, argparse keyword arguments); dest is "fsdp.<key>"
 _FLAGS = {
@@ -30,6 +30,32 @@ _FLAGS = {
 }
 
 
+def _tp_plan(value: str) -> dict:
+    """``PATTERN=STYLE[,PATTERN=STYLE...]`` (or a JSON object) -> a plan."""
+    import json
+
+    if value.strip().startswith("{"):
+        return json.loads(value)
+    plan = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        pattern, sep, style = item.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"{item!r} is not PATTERN=STYLE")
+        plan[pattern.strip()] = style.strip()
+    return plan
+
+
+#: N-D parallel flags -> (key of the parallelism section, argparse keyword arguments)
+_PARALLEL_FLAGS = {
+    "--dp-replicate-size": ("dp_replicate_size", {"type": int}),
+    "--dp-shard-size": ("dp_shard_size", {"type": int}),
+    "--tp-size": ("tp_size", {"type": int}),
+    "--cp-size": ("cp_size", {"type": int}),
+    "--cp-comm-strategy": ("cp_comm_strategy", {"choices": ["allgather", "alltoall"]}),
+    "--tp-plan": ("tp_plan", {"type": _tp_plan, "metavar": "PATTERN=STYLE[,...]"}),
+}
+
+
 @hookimpl
 def torchbay_register_strategies():
     from torchbay_fsdp.strategy import FSDPStrategy
@@ -39,7 +65,7 @@ def torchbay_register_strategies():
 
 @hookimpl
 def torchbay_config_sections():
-    return {"fsdp": FSDPConfig}
+    return {"fsdp": FSDPConfig, "parallelism": ParallelismSection}
 
 
 @hookimpl
@@ -51,6 +77,11 @@ def torchbay_add_cli_options(parser, command):
         description = FSDPConfig.model_fields[key].description or ""
         group.add_argument(flag, dest=f"fsdp.{key}", default=argparse.SUPPRESS, help=description.replace("%", "%%"),
                            **kwargs)
+    group = parser.add_argument_group("N-D parallelism (strategy: fsdp; the parallelism section, docs/parallelism.md)")
+    for flag, (key, kwargs) in _PARALLEL_FLAGS.items():
+        description = ParallelismSection.model_fields[key].description or ""
+        group.add_argument(flag, dest=f"parallelism.{key}", default=argparse.SUPPRESS,
+                           help=description.replace("%", "%%"), **kwargs)
 
 
 @hookimpl
@@ -65,7 +96,8 @@ def torchbay_report_env():
     import torch
 
     return {"fsdp": f"torchbay-fsdp {_version()}: FSDP2 (fully_shard) with torch {torch.__version__}; "
-                    f"FSDP1 needs an accelerator"}
+                    f"FSDP1 needs an accelerator; N-D parallelism: dp_replicate (HSDP), dp_shard, tp, cp "
+                    f"(cp needs an accelerator)"}
 
 
 def _version() -> str:

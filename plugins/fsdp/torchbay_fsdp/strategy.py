@@ -44,13 +44,17 @@ class FSDPStrategy(Strategy):
     name = "fsdp"
     handles_accumulation = False
     needs_process_group = True  # the device mesh needs one, even for one process
+    parallel_dims = ("dp_replicate", "dp_shard", "cp", "tp")  # the parallelism section (docs/parallelism.md)
 
     # -- validation (no process group, no fsdp import) --------------------------------
     @classmethod
     def check(cls, context: RunContext) -> list[str]:
+        from torchbay_fsdp import parallel
+
         problems = super().check(context)
         s = context.config.fsdp
         device = context.device_backend_cls.torch_type() if context.device_backend_cls else "cpu"
+        problems += parallel.check(context.config, context.cluster.world_size(), device)
         if s.version == 1 and device == "cpu":
             problems.append("fsdp.version 1 (FullyShardedDataParallel) needs an accelerator (cuda, xpu, npu, hpu...) "
                             "and this run uses device 'cpu'; use fsdp.version: 2 (fully_shard runs on cpu/gloo), "
@@ -82,24 +86,89 @@ class FSDPStrategy(Strategy):
         self._optimizers: list[Any] = []  # raw optimizers seen by setup, remapped on later prepares
         self._roots: list[torch.nn.Module] = []
         self._mesh = None
+        from torchbay_fsdp.parallel import sizes_of
+
+        self.sizes = sizes_of(context.config.parallelism, self.world_size)
+        self.tp_plans: list[dict] = []  # per wrapped model: module name -> style applied
 
     @classmethod
     def estimate_memory(cls, config, world_size: int, counts: dict[str, int]) -> MemoryEstimate:
-        """fp32 shards of weights, gradients and Adam's two moments: each divided by the world size."""
-        world = max(world_size, 1)
+        """fp32 weights, gradients and Adam's two moments per rank: sharded over dp_shard x cp,
+        and the tensor-parallel share (``counts["tp_split"]``: parameters the plan splits,
+        all of them when unknown) further divided by tp_size. Replicas (dp_replicate) hold a copy each."""
+        from torchbay_fsdp.parallel import sizes_of
+
+        sizes = sizes_of(getattr(config, "parallelism", None), max(world_size, 1))
+        shard, tp = sizes["dp_shard"] * sizes["cp"], sizes["tp"]
         n, trainable = counts["parameters"], counts.get("trainable", counts["parameters"])
-        shard = lambda numel, nbytes: -(-numel // world) * nbytes  # noqa: E731
-        return MemoryEstimate(parameters=shard(n, 4), gradients=shard(trainable, 4), optimizer=shard(trainable, 8),
-                              sharding_factor=world)
+        split = min(counts.get("tp_split", n), n) if tp > 1 else 0
+
+        def per_rank(numel: int, nbytes: int) -> int:
+            split_part = min(split, numel)
+            return (-(-(numel - split_part) // shard) + -(-split_part // (shard * tp))) * nbytes
+
+        note = ""
+        if tp > 1 and "tp_split" not in counts:
+            note = ("every parameter counted as split by tensor parallel (layers the plan leaves whole, such as "
+                    "embeddings and norms, are divided by dp_shard x cp only): a lower bound")
+        factor = shard * tp if split == n else shard
+        return MemoryEstimate(parameters=per_rank(n, 4), gradients=per_rank(trainable, 4),
+                              optimizer=per_rank(trainable, 8), sharding_factor=factor, note=note)
+
+    # -- the N-D mesh -------------------------------------------------------------------------
+    def setup_environment(self, timeout_s: float | None = None) -> None:
+        super().setup_environment(timeout_s)
+        if self.distributed:
+            self.device_mesh  # noqa: B018 (built now: accelerator.torch_device_mesh right after Accelerator())
+
+    @property
+    def device_mesh(self):
+        """The named mesh: dp_replicate, dp_shard, cp, tp (those > 1) and the flattened dp, dp_shard_cp, dp_cp."""
+        if self._mesh is None:
+            from torchbay_fsdp.parallel import build_mesh
+
+            self._mesh = build_mesh(self.device_backend.torch_type(), self.sizes)
+        return self._mesh
 
     @property
     def mesh(self):
-        if self._mesh is None:
-            from torch.distributed.device_mesh import init_device_mesh
+        """The mesh FSDP shards over: (dp_replicate, dp_shard_cp) for HSDP, else dp_shard_cp."""
+        from torchbay_fsdp.parallel import sub_mesh
 
-            self._mesh = init_device_mesh(self.device_backend.torch_type(), (dist.get_world_size(),),
-                                          mesh_dim_names=("fsdp",))
-        return self._mesh
+        return sub_mesh(self.device_mesh, ["dp_replicate", "dp_shard_cp"] if self.sizes["dp_replicate"] > 1
+                        else ["dp_shard_cp"])
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.sizes["dp_replicate"] * self.sizes["dp_shard"]
+
+    @property
+    def data_parallel_rank(self) -> int:
+        if self.data_parallel_size == 1:
+            return 0
+        return self.device_mesh["dp"].get_local_rank()
+
+    @property
+    def parallelism_config(self):
+        from torchbay.parallelism_config import ParallelismConfig
+
+        config = ParallelismConfig.from_section(self.context.config.parallelism)
+        if all(v == 1 for v in config.sizes.values()):
+            config = ParallelismConfig(dp_shard_size=self.sizes["dp_shard"])
+        config.device_mesh = self._mesh
+        return config
+
+    def context_parallel(self, buffers: list | None = None, buffer_seq_dims: list | None = None,
+                         no_restore_buffers: set | None = None):
+        """torch's ``context_parallel`` on the ``cp`` dimension (checked before training: not on CPU)."""
+        if self.sizes["cp"] == 1:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.experimental import context_parallel
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+
+        set_rotate_method(self.context.config.parallelism.cp_comm_strategy)
+        return context_parallel(self.device_mesh["cp"], buffers=buffers or [], buffer_seq_dims=buffer_seq_dims or [],
+                                no_restore_buffers=no_restore_buffers)
 
     # -- precision ----------------------------------------------------------------------
     def grad_scaler(self, **kwargs):
@@ -179,6 +248,8 @@ class FSDPStrategy(Strategy):
 
             for block in blocks:
                 checkpoint(block)  # keeps parameter names, unlike checkpoint_wrapper
+        if self.sizes["tp"] > 1:
+            self._apply_tensor_parallel(model)
         if self.settings.version == 1:
             wrapped = self._wrap_fsdp1(model, blocks)
         else:
@@ -190,6 +261,19 @@ class FSDPStrategy(Strategy):
                 self._param_map[id(old)] = (weakref.ref(old), new)
         self._roots.append(wrapped)
         return wrapped
+
+    def _apply_tensor_parallel(self, model: torch.nn.Module) -> None:
+        """The user's plan (parallelism.tp_plan), else the model's own tp_plan / _tp_plan."""
+        from torchbay_fsdp.tensor_parallel import apply_tensor_parallel, model_plan
+
+        plan, where = self.context.config.parallelism.tp_plan, "parallelism.tp_plan"
+        if not plan:
+            plan, where = model_plan(model), f"{type(model).__name__}.tp_plan"
+        if not plan:
+            raise TorchbayError(f"parallelism.tp_size is {self.sizes['tp']} but no tensor parallel plan is known for "
+                                f"{type(model).__name__}: set parallelism.tp_plan (e.g. {{'blocks.*.up': 'colwise', "
+                                f"'blocks.*.down': 'rowwise'}}) or give the model a tp_plan attribute")
+        self.tp_plans.append(apply_tensor_parallel(model, self.device_mesh["tp"], plan, self.sizes["tp"], where))
 
     def _blocks(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """The submodules that become FSDP units, in pre-order (wrap them in reverse: bottom-up)."""
@@ -340,10 +424,21 @@ class FSDPStrategy(Strategy):
             return self._clip_fsdp1(params, max_norm, norm_type)
         from torch.distributed.tensor import DTensor
 
-        total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
-        if isinstance(total, DTensor):  # a partial norm: reduce it across the shards
-            total = total.full_tensor()
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        # tensor parallel leaves gradients on two meshes ((dp, tp) and dp): one norm per mesh and layout
+        groups: dict[Any, list] = {}
+        for p in params:
+            g = p.grad
+            key = (id(g.device_mesh), tuple(g.placements)) if isinstance(g, DTensor) else None
+            groups.setdefault(key, []).append(p)
+        norms = []
+        for group in groups.values():
+            norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type)
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # partial: reduce over shards
+        if not norms:
+            return torch.tensor(0.0)
+        total = norms[0] if len(norms) == 1 else torch.nn.utils.get_total_norm(norms, norm_type)
+        for group in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
 
     def _clip_fsdp1(self, params, max_norm, norm_type):
@@ -387,7 +482,7 @@ class FSDPStrategy(Strategy):
             written += dcp_files_of_rank(directory, optimizer_dir(j))
         if self.rank == 0:
             info = {"format": "torch.distributed.checkpoint", "fsdp_version": self.settings.version,
-                    "world_size": self.world_size, "models": [model_dir(i) for i in range(len(models))],
+                    "world_size": self.world_size, "mesh": {n: v for n, v in self.sizes.items() if v > 1}, "models": [model_dir(i) for i in range(len(models))],
                     "optimizers": [optimizer_dir(j) for j in range(len(optimizers))]}
             (directory / INFO_FILE).write_text(json.dumps(info, indent=2))
             written.append(INFO_FILE)

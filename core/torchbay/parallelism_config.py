@@ -1,0 +1,239 @@
+"""Accelerate's ``ParallelismConfig``: the sizes of the N-D parallel dimensions.
+
+The user-facing object only. It names no strategy: the sizes (and a tensor-parallel plan)
+become the ``parallelism`` config section, which a strategy plugin that can build N-D
+parallelism contributes; that strategy builds the one named ``DeviceMesh`` and applies
+each dimension. A strategy declares the dimensions it can build in
+``Strategy.parallel_dims``; the selected strategy's ``check`` refuses the others.
+
+Dimensions, in mesh order (outermost first): ``dp_replicate`` (replicas, as DDP),
+``dp_shard`` (sharded data parallel), ``cp`` (context parallel: the sequence), ``tp`` (tensor
+parallel: inside layers). Flattened: ``dp`` = dp_replicate x dp_shard (ranks with different
+data), ``dp_shard_cp`` = dp_shard x cp (what the model is sharded over), ``dp_cp`` = dp_replicate x
+dp_shard x cp (what the loss is averaged over).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from torchbay.errors import ConfigError
+
+#: mesh dimensions in mesh order (outermost first)
+MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "tp")
+#: the config section a strategy plugin that builds N-D parallelism contributes
+SECTION = "parallelism"
+CP_COMM_STRATEGIES = ("allgather", "alltoall")
+
+
+@dataclass
+class TorchTensorParallelConfig:
+    """Accelerate's tensor-parallel handler. ``enable_async_tp`` is not supported (an error when true)."""
+
+    enable_async_tp: bool = False
+
+    def __post_init__(self):
+        if self.enable_async_tp:
+            raise ConfigError("TorchTensorParallelConfig(enable_async_tp=True) is not supported by torchbay; "
+                              "leave enable_async_tp=False")
+
+
+@dataclass
+class TorchContextParallelConfig:
+    """Accelerate's context-parallel handler: how the ranks of a ``cp`` group exchange keys and values."""
+
+    cp_comm_strategy: str = "allgather"
+
+    def __post_init__(self):
+        if self.cp_comm_strategy not in CP_COMM_STRATEGIES:
+            raise ConfigError(f"TorchContextParallelConfig(cp_comm_strategy={self.cp_comm_strategy!r}): use one of "
+                              f"{', '.join(CP_COMM_STRATEGIES)}")
+
+
+@dataclass
+class ParallelismConfig:
+    """Sizes of the parallel dimensions, with Accelerate 1.15's fields and rules.
+
+    ``tp_plan`` (torchbay's field) maps module-name patterns (``*`` matches one name
+    component, e.g. ``"blocks.*.attn.q"``) to a style string (``"colwise"``, ``"rowwise"``,
+    ``"colwise_rep"``, ``"rowwise_rep"``, ``"local_colwise"``, ``"local_rowwise"``,
+    ``"replicate"``, ``"sequence_parallel"``) or a torch ``ParallelStyle`` object. Without
+    one, the model's own ``tp_plan`` / ``_tp_plan`` attribute is used.
+
+    - ``dp_replicate_size > 1`` alone is plain data parallelism (DDP).
+    - ``dp_replicate_size > 1`` with ``dp_shard_size > 1`` is HSDP.
+    - ``tp_size`` / ``cp_size > 1`` with ``dp_replicate_size > 1`` needs ``dp_shard_size > 1``.
+    - all sizes multiply to the number of processes (checked when the Accelerator starts).
+    """
+
+    dp_replicate_size: Optional[int] = None
+    dp_shard_size: Optional[int] = None
+    tp_size: Optional[int] = None
+    cp_size: Optional[int] = None
+    cp_backend: Optional[str] = None
+    sp_size: Optional[int] = None
+    sp_backend: Optional[str] = None
+    tp_handler: Optional[TorchTensorParallelConfig] = None
+    cp_handler: Optional[TorchContextParallelConfig] = None
+    sp_handler: Any = None
+    tp_plan: Optional[dict] = None
+    #: the mesh the selected strategy built (set when an Accelerator takes this config)
+    device_mesh: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
+            value = getattr(self, name)
+            value = 1 if value is None else value
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"ParallelismConfig({name}={value!r}): a size is an integer of at least 1")
+            setattr(self, name, value)
+        self.cp_backend = self.cp_backend or "torch"
+        problems = validate_sizes(self.sizes)
+        if self.cp_backend != "torch":
+            problems.append(f"ParallelismConfig(cp_backend={self.cp_backend!r}): the only context-parallel backend "
+                            f"is 'torch' (torch.distributed.tensor.experimental.context_parallel)")
+        if self.sp_size > 1:
+            problems.append(f"ParallelismConfig(sp_size={self.sp_size}): Ulysses sequence parallelism "
+                            f"is not supported by torchbay; use cp_size (context parallel) instead")
+        if self.sp_handler is not None:
+            problems.append("ParallelismConfig(sp_handler=...): sequence parallelism (sp) is not supported; remove it")
+        if self.cp_handler is not None and not isinstance(self.cp_handler, TorchContextParallelConfig):
+            problems.append(f"ParallelismConfig(cp_handler={type(self.cp_handler).__name__}): cp_backend 'torch' "
+                            f"takes a torchbay.TorchContextParallelConfig")
+        if self.tp_plan is not None and not isinstance(self.tp_plan, dict):
+            problems.append(f"ParallelismConfig(tp_plan={type(self.tp_plan).__name__}): give a mapping of module-name "
+                            f"pattern to style, e.g. {{'blocks.*.up': 'colwise', 'blocks.*.down': 'rowwise'}}")
+        if problems:
+            raise ConfigError(problems)
+        if self.tp_size > 1 and self.tp_handler is None:
+            self.tp_handler = TorchTensorParallelConfig()
+        if self.cp_size > 1 and self.cp_handler is None:
+            self.cp_handler = TorchContextParallelConfig()
+
+    # -- sizes -----------------------------------------------------------------------------
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Every dimension's size, in mesh order."""
+        return {name: getattr(self, f"{name}_size") for name in MESH_ORDER}
+
+    @property
+    def total_size(self) -> int:
+        return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.dp_replicate_size * self.dp_shard_size
+
+    @property
+    def non_data_parallel_size(self) -> int:
+        return self.tp_size * self.cp_size * self.sp_size
+
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        return self.dp_replicate_size > 1
+
+    @property
+    def dp_shard_enabled(self) -> bool:
+        return self.dp_shard_size > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp_size > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.cp_size > 1
+
+    @property
+    def sp_enabled(self) -> bool:
+        return self.sp_size > 1
+
+    # -- dimension names (as Accelerate names them) -------------------------------------------
+    @property
+    def dp_dim_names(self) -> list[str]:
+        """Enabled dimensions across which the data differ."""
+        return [n for n in ("dp_replicate", "dp_shard") if self.sizes[n] > 1]
+
+    @property
+    def non_dp_dim_names(self) -> list[str]:
+        """Enabled dimensions whose ranks get the same batch."""
+        return [n for n in ("tp", "cp") if self.sizes[n] > 1]
+
+    @property
+    def dp_shard_cp_dim_names(self) -> list[str]:
+        """Enabled dimensions flattened into the one the model is sharded over."""
+        return [n for n in ("dp_shard", "cp") if self.sizes[n] > 1]
+
+    @property
+    def dp_cp_dim_names(self) -> list[str]:
+        """Enabled dimensions across which the loss is averaged."""
+        return [n for n in ("dp_replicate", "dp_shard", "cp") if self.sizes[n] > 1]
+
+    @property
+    def fsdp_dim_names(self) -> list[str]:
+        return (["dp_replicate"] if self.dp_replicate_enabled else []) + ["dp_shard_cp"]
+
+    @property
+    def active_mesh_dims(self) -> list[str]:
+        """Enabled dimensions in mesh order."""
+        return [n for n in MESH_ORDER if self.sizes[n] > 1]
+
+    # -- torchbay config ------------------------------------------------------------------------
+    def to_config(self) -> dict[str, Any]:
+        """Dotted values of the ``parallelism`` config section (``Accelerator(parallelism_config=...)``)."""
+        out: dict[str, Any] = {f"{SECTION}.{name}_size": size for name, size in self.sizes.items()}
+        if self.cp_handler is not None:
+            out[f"{SECTION}.cp_comm_strategy"] = self.cp_handler.cp_comm_strategy
+        if self.tp_plan is not None:
+            out[f"{SECTION}.tp_plan"] = dict(self.tp_plan)
+        return out
+
+    @classmethod
+    def from_section(cls, section: Any) -> "ParallelismConfig":
+        """The object for a resolved ``parallelism`` section."""
+        return cls(**{f"{n}_size": getattr(section, f"{n}_size", 1) or 1 for n in MESH_ORDER},
+                   cp_handler=TorchContextParallelConfig(getattr(section, "cp_comm_strategy", "allgather")),
+                   tp_plan=getattr(section, "tp_plan", None) or None)
+
+    def get_device_mesh(self, device_type: Optional[str] = None):
+        """The mesh the selected strategy built for this config (``accelerator.torch_device_mesh``)."""
+        if self.device_mesh is None:
+            raise ConfigError("ParallelismConfig.get_device_mesh: the mesh is built by the selected strategy when an "
+                              "Accelerator takes this config (Accelerator(parallelism_config=...)); read "
+                              "accelerator.torch_device_mesh")
+        if device_type is not None and self.device_mesh.device_type != device_type:
+            raise ConfigError(f"ParallelismConfig.get_device_mesh({device_type!r}): the mesh was built for "
+                              f"{self.device_mesh.device_type!r}")
+        return self.device_mesh
+
+
+def validate_sizes(sizes: dict[str, int], world_size: Optional[int] = None, where: str = "parallelism") -> list[str]:
+    """Accelerate's rules for a set of sizes; with ``world_size``, also that they multiply to it."""
+    problems = []
+    for name, size in sizes.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            problems.append(f"{where}.{name}_size is {size!r}; a size is an integer of at least 1")
+    if problems:
+        return problems
+    if (sizes.get("tp", 1) > 1 or sizes.get("cp", 1) > 1) and sizes.get("dp_replicate", 1) > 1 \
+            and sizes.get("dp_shard", 1) == 1:
+        problems.append(f"{where}: tp_size/cp_size > 1 with dp_replicate_size {sizes['dp_replicate']} and "
+                        f"dp_shard_size 1 (tensor/context parallel on top of plain data parallelism) is not "
+                        f"supported; set dp_shard_size instead of dp_replicate_size (sharded + TP/CP), or both "
+                        f"(HSDP + TP/CP)")
+    if world_size is not None:
+        total = 1
+        for size in sizes.values():
+            total *= size
+        if total != world_size:
+            described = " x ".join(f"{n}_size {s}" for n, s in sizes.items() if s > 1) or "all sizes 1"
+            problems.append(f"{where}: {described} = {total} processes, but this run has {world_size}; make the "
+                            f"sizes multiply to {world_size} (or launch {total} processes)")
+    return problems
+
+
+def parallel_sizes(config: Any) -> dict[str, int]:
+    """The sizes in a resolved config's ``parallelism`` section; all 1 when no plugin contributes one."""
+    section = getattr(config, SECTION, None)
+    return {name: int(getattr(section, f"{name}_size", 1) or 1) for name in MESH_ORDER}
