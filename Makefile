@@ -19,11 +19,16 @@ $(VENV)/.installed: setup.cfg pyproject.toml constraints.txt requirements-dev.tx
 
 setup: $(VENV)/.installed
 
-# train 3 epochs and save; then a new launch resumes from the saved state for a fourth epoch
+# train 3 epochs and save; then a new launch resumes from the saved state for a fourth epoch. Both log
+# training and eval loss (built-in jsonl tracker, TensorBoard when installed) under runs/char_gpt/logs;
+# torchbay plot draws them to runs/char_gpt/metrics.png
 demo: setup
 	rm -rf runs/char_gpt
 	$(VENV)/bin/torchbay launch --num-processes $(NPROC) examples/char_gpt.py --output-dir runs/char_gpt --epochs 3
 	$(VENV)/bin/torchbay launch --num-processes $(NPROC) examples/char_gpt.py --output-dir runs/char_gpt --epochs 4 --resume
+	$(VENV)/bin/torchbay plot runs/char_gpt --title "char_gpt: 2 processes, 3 epochs, then 1 more after resume"
+	@echo "logs: runs/char_gpt/logs/jsonl/char_gpt/metrics.jsonl (built-in tracker), runs/char_gpt/logs/tensorboard"
+	@echo "      (look: $(VENV)/bin/tensorboard --logdir runs/char_gpt/logs/tensorboard); picture: runs/char_gpt/metrics.png"
 
 test: setup
 	$(PY) -m pytest -q tests plugins

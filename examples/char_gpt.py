@@ -8,6 +8,10 @@ Every machine with Python has this text, so nothing is downloaded. Run it throug
 
 The second command loads the saved state and continues with the next epoch. The script is
 a plain PyTorch loop; only the `accelerator.*` lines are torchbay.
+
+Training and eval loss are logged through the built-in `jsonl` tracker and TensorBoard when
+torchbay-tensorboard is installed (`--log-with` chooses others), under
+`<output-dir>/logs/<tracker>/char_gpt`; `torchbay plot <output-dir>` draws them.
 """
 
 import argparse
@@ -23,6 +27,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from torchbay import Accelerator, get_logger, set_seed, tqdm
+from torchbay.tracking import registered
 
 logger = get_logger(__name__, log_level="INFO")
 
@@ -116,10 +121,13 @@ def main():
     p.add_argument("--train-windows", type=int, default=4096)
     p.add_argument("--text-bytes", type=int, default=600_000)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--log-with", default=None, help="trackers, comma-separated (default: jsonl, and tensorboard "
+                   "when installed)")
     args = p.parse_args()
     logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
 
-    accelerator = Accelerator()
+    trackers = args.log_with.split(",") if args.log_with else [t for t in ("jsonl", "tensorboard") if t in registered()]
+    accelerator = Accelerator(project_dir=args.output_dir, log_with=trackers)
     set_seed(0)
     data = torch.frombuffer(bytearray(stdlib_text(args.text_bytes)), dtype=torch.uint8).long()
     split = int(0.9 * len(data))
@@ -137,6 +145,10 @@ def main():
     state_dir = os.path.join(args.output_dir, "state")
     progress = EpochsDone()
     accelerator.register_for_checkpointing(progress)  # saved and restored with the rest of the state
+    accelerator.init_trackers("char_gpt", config={"model": {"block": 64, "width": 96, "layers": 2, "heads": 4},
+                                                  "lr": args.lr, "batch_size": args.batch_size,
+                                                  "processes": accelerator.num_processes,
+                                                  "mixed_precision": accelerator.mixed_precision})
     if args.resume:
         accelerator.load_state(state_dir)
     start_epoch = progress.epochs
@@ -149,7 +161,7 @@ def main():
     for epoch in range(start_epoch, args.epochs):
         model.train()
         bar = tqdm(train_loader, desc=f"epoch {epoch + 1}/{args.epochs}")
-        for inputs, targets in bar:
+        for batch, (inputs, targets) in enumerate(bar):
             with accelerator.accumulate(model):
                 logits = model(inputs)
                 loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
@@ -159,6 +171,8 @@ def main():
                 scheduler.step()
                 optimizer.zero_grad()
             bar.set_postfix(loss=f"{loss.item():.3f}")
+            step = epoch * len(train_loader) + batch + 1  # optimizer steps so far, the same after a resume
+            accelerator.log({"train/loss": loss, "train/lr": scheduler.get_last_lr()[0]}, step=step)
         model.eval()
         losses = []
         with torch.no_grad():
@@ -168,6 +182,8 @@ def main():
                 losses.append(accelerator.gather_for_metrics(per_sample))
         val_loss = torch.cat(losses).mean().item()
         logger.info(f"epoch {epoch + 1}: eval loss {val_loss:.3f} ({val_loss / math.log(2):.2f} bits/char)")
+        accelerator.log({"eval/loss": val_loss, "eval/bits_per_char": val_loss / math.log(2)},
+                        step=(epoch + 1) * len(train_loader))
         progress.epochs = epoch + 1
 
     accelerator.save_state(state_dir)
@@ -177,7 +193,11 @@ def main():
         sample = accelerator.unwrap_model(model).generate(prompt, 160)
         print("--- sample ---\n" + bytes(sample[0].tolist()).decode("utf-8", "replace"))
     logger.info(f"state saved to {state_dir}")
-    accelerator.end_training()
+    for tracker in accelerator.trackers:
+        logger.info(f"{tracker.name} logs: {tracker.location}")
+    if accelerator.trackers:
+        logger.info(f"draw them: torchbay plot {args.output_dir}")
+    accelerator.end_training()  # also closes the trackers' files
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ class Tracking:
         self._trackers = started
         if main and started:
             where = "; ".join(f"{t.name}: {t.location or '(its own store)'}" for t in started)
-            say(f"tracking run '{project_name}' (step {self.tracker_step}) with {where}")
+            say(f"tracking run '{project_name}' with {where}")
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict] | None = None) -> None:
         """Log ``values`` at ``step`` (default: the step after the last one logged) to every tracker.
