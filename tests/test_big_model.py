@@ -270,7 +270,7 @@ def test_infer_splits_modules_and_cleans_the_result():
     device_map = torchbay.infer_auto_device_map(model, max_memory={"cpu": sizes["embed"] + 2.5 * one})
     assert device_map["embed"] == "cpu" and device_map["blocks.0"] == "cpu" and device_map["blocks.1"] == "cpu"
     assert "blocks.2.up" in device_map or "blocks.2" in device_map  # split where the budget ends
-    assert device_map["head"] == "disk"
+    assert device_map["head"] == "cpu"  # tied to the embedding: placed right after it, on its device
     assert torchbay.infer_auto_device_map(model, max_memory={"cpu": "1GB"}) == {"": "cpu"}
     utils.check_device_map(model, device_map)
     with pytest.raises(ConfigError, match="blocks.1"):
@@ -406,3 +406,15 @@ def test_one_parameter_given_to_two_modules_stays_one():
         a.weight = shared
         b.weight = shared
     assert a.weight is b.weight and a.weight.is_meta
+
+
+def test_maps_and_sizes_match_accelerates():
+    accelerate = pytest.importorskip("accelerate")  # a dev dependency
+    import accelerate.utils
+
+    model = empty_net()
+    assert dict(accelerate.utils.compute_module_sizes(model)) == dict(utils.compute_module_sizes(model))
+    for budget in (30_000, 60_000, 100_000, 10**9):  # room for 0, 1, 4 and all of the blocks
+        theirs = accelerate.infer_auto_device_map(model, max_memory={"cpu": budget}, no_split_module_classes=["Block"])
+        ours = torchbay.infer_auto_device_map(model, max_memory={"cpu": budget}, no_split_module_classes=["Block"])
+        assert ours == dict(theirs), budget

@@ -10,6 +10,7 @@ the core names no accelerator; whichever available device plugin has the highest
 from __future__ import annotations
 
 import logging
+import sys
 from collections import defaultdict
 from typing import Any, Iterator
 
@@ -34,15 +35,14 @@ def _error(message: str) -> ConfigError:
 def accelerator_class():
     """The device plugin class whose devices big-model placement uses, or ``None`` (cpu only).
 
-    The device of the running ``Accelerator`` when it is not the cpu, else the available
+    The device of a live ``Accelerator`` when it is not the cpu, else the available
     registered device of highest priority other than the cpu.
     """
-    from torchbay.state import PartialState
-
-    strategy = PartialState._shared_state.get("_strategy")
-    if strategy is not None:
-        cls = type(strategy.device_backend)
-        return None if cls.torch_type() == CPU else cls
+    running = sys.modules.get("torchbay.accelerator")
+    if running is not None:
+        for backend in running.live_device_backends():
+            if type(backend).torch_type() != CPU:
+                return type(backend)
     from torchbay.plugins import get_plugin_manager
 
     found = []

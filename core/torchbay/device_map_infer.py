@@ -4,8 +4,10 @@ Placement walks the model in definition order and fills each device of ``max_mem
 turn (accelerator indexes, then ``"cpu"``, then ``"disk"``). A module that does not fit in
 what is left of the current device is split into its own tensors and children; one that
 cannot be split (no children, or a class in ``no_split_module_classes``) moves on to the
-next device. When the accelerators cannot hold the whole model, the first one keeps room
-for the largest unsplittable layer: offloaded layers are brought there one at a time to run.
+next device. A module that shares a tied weight with one just placed is placed next (on the
+same device when it fits). When the devices that run modules (the accelerators, else the
+cpu) cannot hold the whole model, the first one keeps room for the largest unsplittable
+layer: offloaded layers are brought there one at a time to run.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from torchbay.device_map import (CPU, DISK, _error, _splittable, _units, clean_device_map, compute_module_sizes,
-                                 get_max_layer_size, get_max_memory)
+                                 find_tied_parameters, get_max_layer_size, get_max_memory)
 
 log = logging.getLogger("torchbay")
 
@@ -74,13 +76,16 @@ def infer_auto_device_map(model: nn.Module, max_memory: dict[int | str, int | st
         devices.append(DISK)
         budgets[DISK] = math.inf
     accelerators = [d for d in devices if isinstance(d, int)]
+    runs_on = accelerators or [d for d in devices if d == CPU]  # where modules run (the others are offloaded)
     reserve: dict[Any, int] = {}
     layer, layer_names = get_max_layer_size(_units(model, ""), sizes, list(no_split))
-    if accelerators and sizes[""] > sum(budgets[d] for d in accelerators):
-        reserve[accelerators[0]] = layer  # offloaded layers run there, one at a time
+    offload_to = [d for d in devices if d not in runs_on]
+    if runs_on and offload_to and sizes[""] > sum(budgets[d] for d in runs_on):
+        reserve[runs_on[0]] = layer  # offloaded layers are brought there to run, one at a time
         if verbose:
-            log.info("keeping %s on device %s for offloaded layers (largest: %s)", _mb(layer), accelerators[0],
+            log.info("keeping %s on %s for offloaded layers (largest: %s)", _mb(layer), runs_on[0],
                      ", ".join(layer_names))
+    ties = find_tied_parameters(model)
     queue = _units(model, "")
     placed: dict[str, Any] = {}
     used: dict[Any, float] = defaultdict(int)
@@ -96,6 +101,7 @@ def infer_auto_device_map(model: nn.Module, max_memory: dict[int | str, int | st
                 used[device] += size
                 if verbose:
                     log.info("%s (%s) -> %s", name or "<model>", _mb(size), device)
+                queue = _tied_next(name, ties, queue)
                 break
             if isinstance(obj, nn.Module) and _splittable(obj, no_split):
                 queue = _units(obj, name) + queue
@@ -107,6 +113,21 @@ def infer_auto_device_map(model: nn.Module, max_memory: dict[int | str, int | st
                 (budgets[d] - reserve.get(d, 0) for d in devices if d != DISK), default=0) and verbose:
             log.info("%s (%s) fits on no device of max_memory: it goes to disk", name, _mb(size))
     return clean_device_map(placed, model) if clean_result else placed
+
+
+def _under(name: str, unit: str) -> bool:
+    return unit == "" or name == unit or name.startswith(unit + ".")
+
+
+def _tied_next(name: str, ties: list[list[str]], queue: list) -> list:
+    """Bring forward the units that share a tied weight with ``name``, so that they land on the
+    same device (a tied head placed elsewhere would copy the weight there at every forward)."""
+    partners = [other for group in ties if any(_under(n, name) for n in group)
+                for other in group if not _under(other, name)]
+    if not partners:
+        return queue
+    first = [item for item in queue if any(_under(other, item[0]) for other in partners)]
+    return first + [item for item in queue if item not in first]
 
 
 def _no_room(name: str, obj: Any, size: int, budgets, reserve, devices, sizes, placed) -> Exception:
