@@ -418,3 +418,31 @@ def test_maps_and_sizes_match_accelerates():
         theirs = accelerate.infer_auto_device_map(model, max_memory={"cpu": budget}, no_split_module_classes=["Block"])
         ours = torchbay.infer_auto_device_map(model, max_memory={"cpu": budget}, no_split_module_classes=["Block"])
         assert ours == dict(theirs), budget
+
+
+def test_a_failure_half_way_says_the_model_is_partially_loaded(tmp_path, eager):
+    state = eager.state_dict()
+    first = {k: v for k, v in state.items() if k.startswith(("embed", "blocks.0"))}
+    rest = {k: v for k, v in state.items() if k not in first}
+    torch.save(first, tmp_path / "pytorch_model-00001-of-00002.bin")
+    torch.save(rest, tmp_path / "pytorch_model-00002-of-00002.bin")
+    (tmp_path / "pytorch_model-00002-of-00002.bin").write_bytes(b"truncated")
+    weight_map = {k: "pytorch_model-00001-of-00002.bin" for k in first}
+    weight_map.update({k: "pytorch_model-00002-of-00002.bin" for k in rest})
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    model = empty_net()
+    with pytest.raises(CheckpointError, match=r"partially loaded \(\d+ of \d+ tensors replaced\)"):
+        torchbay.load_checkpoint_and_dispatch(model, tmp_path, device_map="auto")
+    assert not model.embed.weight.is_meta and model.norm.weight.is_meta
+
+
+def test_a_save_state_of_two_models_asks_which(tmp_path, eager, ids):
+    accelerator = torchbay.Accelerator()
+    other = Net().eval()
+    accelerator.prepare(eager, other)
+    accelerator.save_state(tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match="holds the weights of 2 models .*model_0, model_1"):
+        torchbay.load_checkpoint_and_dispatch(empty_net(), tmp_path / "ckpt", device_map="auto")
+    model = torchbay.load_checkpoint_and_dispatch(empty_net(), tmp_path / "ckpt" / "model_0.safetensors",
+                                                  device_map="auto")
+    assert torch.equal(model(ids), eager(ids))
