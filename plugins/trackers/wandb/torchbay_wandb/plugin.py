@@ -1,0 +1,53 @@
+"""Registers the ``wandb`` tracker and its config section ``wandb:``.
+
+- ``logging_dir``: wandb's ``dir`` (default ``<tracking logging dir>/wandb``); runs go to
+  ``<logging_dir>/wandb/<offline-run-...|run-...>``.
+- ``mode``: ``online``, ``offline`` (no network; ``wandb sync`` uploads later) or ``disabled``;
+  unset: wandb's own default (``WANDB_MODE``, else online).
+- ``entity``: the W&B team or user.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from torchbay.config import Section
+from torchbay.plugins import hookimpl
+
+NAME = "wandb"
+
+
+class WandbSection(Section):
+    logging_dir: Optional[str] = Field(None, description="wandb's dir (default: <tracking logging dir>/wandb)")
+    mode: Optional[Literal["online", "offline", "disabled", "shared"]] = Field(
+        None, description="online, offline (sync later with wandb sync) or disabled; unset: WANDB_MODE, else online")
+    entity: Optional[str] = Field(None, description="W&B team or user")
+
+
+@hookimpl
+def torchbay_register_trackers():
+    from torchbay_wandb.tracker import WandbTracker
+
+    return [WandbTracker]
+
+
+@hookimpl
+def torchbay_config_sections():
+    return {NAME: WandbSection}
+
+
+@hookimpl
+def torchbay_report_env():
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return {"wandb": version("wandb")}
+    except PackageNotFoundError:
+        return {"wandb": "not installed (pip install wandb)"}
+
+
+def library_missing() -> bool:
+    return importlib.util.find_spec("wandb") is None
