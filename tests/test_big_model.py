@@ -446,3 +446,15 @@ def test_a_save_state_of_two_models_asks_which(tmp_path, eager, ids):
     model = torchbay.load_checkpoint_and_dispatch(empty_net(), tmp_path / "ckpt" / "model_0.safetensors",
                                                   device_map="auto")
     assert torch.equal(model(ids), eager(ids))
+
+
+@pytest.mark.parametrize("offload_buffers", [False, True])
+def test_disk_offload_with_a_dtype_and_buffers(st_file, eager, ids, tmp_path, offload_buffers):
+    model = torchbay.load_checkpoint_and_dispatch(empty_net(), st_file, device_map={"": "disk"},
+                                                  offload_folder=tmp_path, dtype=torch.bfloat16,
+                                                  offload_buffers=offload_buffers)
+    assert model.blocks[0].up.weight.is_meta and model.blocks[0].up.weight.dtype == torch.bfloat16
+    assert model.blocks[0].scale.is_meta == offload_buffers
+    out = model(ids)
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), eager.to(torch.bfloat16)(ids).float(), atol=1e-2, rtol=1e-2)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from torchbay.checkpoint_files import CheckpointFiles, resolve_checkpoint
-from torchbay.device_map import DISK, device_key, device_of, parse_dtype, torch_device
+from torchbay.device_map import DISK, check_device_map, device_key, device_of, parse_dtype, torch_device
 from torchbay.dispatch_hooks import FileSource, TensorSource
 from torchbay.errors import CheckpointError, ConfigError
 
@@ -145,6 +145,8 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: str | Path, device_ma
     _refuse_unsupported(offload_8bit_bnb=offload_8bit_bnb, full_state_dict=full_state_dict,
                         broadcast_from_rank0=broadcast_from_rank0)
     dtype = parse_dtype(dtype)
+    if device_map is not None:
+        check_device_map(model, device_map)
     files = resolve_checkpoint(checkpoint)
     slots, transient = model_slots(model)
     found = check_against(slots, transient, files, strict)
