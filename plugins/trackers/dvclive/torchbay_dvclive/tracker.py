@@ -1,0 +1,85 @@
+"""The ``dvclive`` tracker: DVCLive's plain files in ``<logging_dir>/<project_name>``.
+
+The init config is ``params.yaml`` (nested as given, numpy and tensor values converted:
+DVCLive itself cannot store a numpy int). Numbers are metrics at the step (nested names joined
+with ``/``: ``plots/metrics/eval/loss.tsv``), ``metrics.json`` holds the latest. DVCLive
+stores numbers only; other values go to ``text/<name>.tsv`` (step, JSON text) next to them.
+A resumed run (the same directory) goes on appending, as DVCLive's ``resume=True`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from torchbay.tracking import GeneralTracker, TrackerError, split_scalars, to_python
+
+
+class DVCLiveTracker(GeneralTracker):
+    name = "dvclive"
+    requires_logging_directory = True
+
+    def __init__(self, project_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
+                 **kwargs: Any):
+        super().__init__()
+        if "dir" in kwargs:
+            raise TrackerError("init_kwargs['dvclive']['dir']: set dvclive.logging_dir (or tracking.logging_dir)")
+        self.dir = Path(logging_dir or ".") / project_name
+        self.settings = settings
+        self.kwargs = kwargs
+        self.live = None
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        from torchbay_dvclive.plugin import library_missing
+
+        return "the dvclive package is not installed: pip install dvclive" if library_missing() else None
+
+    def start(self) -> None:
+        from dvclive import Live
+
+        options = {"resume": True, "save_dvc_exp": bool(getattr(self.settings, "save_dvc_exp", False)),
+                   "dvcyaml": None, "report": None}
+        options.update(self.kwargs)
+        self.live = Live(dir=str(self.dir), **options)
+
+    @property
+    def tracker(self) -> Any:
+        return self.live
+
+    @property
+    def location(self) -> str:
+        return str(self.dir)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.live.log_params(to_python(dict(values)))
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        numbers, others = split_scalars(values)
+        if step is not None:
+            self.live.step = step
+        for name, value in numbers.items():
+            self.live.log_metric(name, value, **kwargs)
+        for name, value in others.items():
+            path = self.dir / "text" / f"{name}.tsv"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            new = not path.exists()
+            with open(path, "a", encoding="utf-8") as f:
+                if new:
+                    f.write("step\tvalue\n")
+                f.write(f"{self.live.step}\t{json.dumps(value, default=str)}\n")
+        self.live.make_summary()
+
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        if step is not None:
+            self.live.step = step
+        for name, image in values.items():
+            image = image.detach().cpu().numpy() if hasattr(image, "detach") else image
+            self.live.log_image(name if "." in name else f"{name}.png", image)
+
+    def finish(self) -> None:
+        if self.live is not None:
+            self.live.end()
+            self.live = None
