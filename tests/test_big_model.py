@@ -458,3 +458,14 @@ def test_disk_offload_with_a_dtype_and_buffers(st_file, eager, ids, tmp_path, of
     out = model(ids)
     assert out.dtype == torch.bfloat16
     assert torch.allclose(out.float(), eager.to(torch.bfloat16)(ids).float(), atol=1e-2, rtol=1e-2)
+
+
+def test_a_checkpoint_written_again_is_read_again_under_disk_offload(tmp_path, eager, ids):
+    path = tmp_path / "model.safetensors"
+    save_file(hf_state(eager), str(path))
+    first = torchbay.load_checkpoint_and_dispatch(empty_net(), path, device_map={"": "disk"}, offload_folder=tmp_path)
+    assert torch.equal(first(ids), eager(ids))
+    changed = Net().eval()
+    save_file(hf_state(changed), str(path))  # same path, new weights
+    second = torchbay.load_checkpoint_and_dispatch(empty_net(), path, device_map={"": "disk"}, offload_folder=tmp_path)
+    assert torch.equal(second(ids), changed(ids))

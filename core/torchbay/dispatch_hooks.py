@@ -14,6 +14,7 @@ hook (the root) moves the outputs back to the device the inputs came from.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -47,7 +48,7 @@ class FileSource:
     offloaded weights leave the process once their modules have run.
     """
 
-    _handles: "OrderedDict[str, Any]" = OrderedDict()
+    _handles: "OrderedDict[tuple, Any]" = OrderedDict()
     _keep = 1
     _lock = threading.Lock()
 
@@ -58,13 +59,15 @@ class FileSource:
     def handle(cls, path: str):
         from safetensors import safe_open
 
+        info = os.stat(path)
+        key = (path, info.st_ino, info.st_size, info.st_mtime_ns)  # a file written again is opened again
         with cls._lock:
-            if path not in cls._handles:
-                cls._handles[path] = safe_open(path, framework="pt", device="cpu")
+            if key not in cls._handles:
+                cls._handles[key] = safe_open(path, framework="pt", device="cpu")
                 while len(cls._handles) > cls._keep:
                     cls._handles.popitem(last=False)
-            cls._handles.move_to_end(path)
-            return cls._handles[path]
+            cls._handles.move_to_end(key)
+            return cls._handles[key]
 
     def load(self, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
         tensor = self.handle(self.path).get_tensor(self.key)  # a view of the mapped file: no copy yet
