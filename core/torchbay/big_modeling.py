@@ -21,7 +21,7 @@ from torch import nn
 
 from torchbay.checkpoint_loading import (OFFLOADED, Slot, load_checkpoint_in_model, model_slots, read_offload_index,
                                          write_offload, save_offload_index)
-from torchbay.device_map import (CPU, DISK, accelerator_class, check_device_map, device_key, device_of,
+from torchbay.device_map import (CPU, DISK, accelerator_class, check_device_map, device_key,
                                  get_balanced_memory, infer_auto_device_map, torch_device)
 from torchbay.dispatch_hooks import Borrowed, DispatchHook, FileSource, TensorSource, remove_hook_from_module
 from torchbay.errors import ConfigError
