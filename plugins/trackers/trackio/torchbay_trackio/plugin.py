@@ -1,0 +1,51 @@
+"""Registers the ``trackio`` tracker and its config section ``trackio:``.
+
+- ``logging_dir``: Trackio's local store (``TRACKIO_DIR``; one ``<project>.db`` per project);
+  default ``<tracking logging dir>/trackio``.
+- ``space_id`` / ``server_url``: log to a Hugging Face Space or a Trackio server instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Optional
+
+from pydantic import Field
+
+from torchbay.config import Section
+from torchbay.plugins import hookimpl
+
+NAME = "trackio"
+
+
+class TrackioSection(Section):
+    logging_dir: Optional[str] = Field(None, description="Trackio's local store, TRACKIO_DIR (default: <tracking "
+                                                         "logging dir>/trackio)")
+    space_id: Optional[str] = Field(None, description="log to this Hugging Face Space instead (user/space)")
+    server_url: Optional[str] = Field(None, pattern=r"^https?://", description="log to this Trackio server instead")
+
+
+@hookimpl
+def torchbay_register_trackers():
+    from torchbay_trackio.tracker import TrackioTracker
+
+    return [TrackioTracker]
+
+
+@hookimpl
+def torchbay_config_sections():
+    return {NAME: TrackioSection}
+
+
+@hookimpl
+def torchbay_report_env():
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return {"trackio": version("trackio")}
+    except PackageNotFoundError:
+        return {"trackio": "not installed (pip install trackio)"}
+
+
+def library_missing() -> bool:
+    return importlib.util.find_spec("trackio") is None
