@@ -469,3 +469,15 @@ def test_a_checkpoint_written_again_is_read_again_under_disk_offload(tmp_path, e
     save_file(hf_state(changed), str(path))  # same path, new weights
     second = torchbay.load_checkpoint_and_dispatch(empty_net(), path, device_map={"": "disk"}, offload_folder=tmp_path)
     assert torch.equal(second(ids), changed(ids))
+
+
+def test_loading_again_into_a_dispatched_model_takes_the_new_weights(tmp_path, eager, ids):
+    save_file(hf_state(eager), str(tmp_path / "a.safetensors"))
+    changed = Net().eval()
+    save_file(hf_state(changed), str(tmp_path / "b.safetensors"))
+    device_map = {"embed": "cpu", "blocks": "disk", "norm": "cpu", "head": "cpu"}
+    model = torchbay.load_checkpoint_and_dispatch(empty_net(), tmp_path / "a.safetensors", device_map=device_map,
+                                                  offload_folder=tmp_path / "off")
+    assert torch.equal(model(ids), eager(ids))
+    model = torchbay.load_checkpoint_and_dispatch(model, tmp_path / "b.safetensors", device_map="auto")
+    assert torch.equal(model(ids), changed(ids))

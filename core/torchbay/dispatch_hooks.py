@@ -197,6 +197,9 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
         hook.detach()
         cpu = torch.device("cpu")
         for item in hook.borrowed:
+            current = (item.owner._parameters if item.is_param else item.owner._buffers).get(item.name)
+            if current is not item.placeholder:
+                continue  # replaced since it was dispatched (a new checkpoint loaded): keep the new tensor
             if item.placeholder.device.type == "meta":
                 item.placeholder = _as_kind(item, item.source.load(cpu, item.placeholder.dtype))
             item.empty()
