@@ -87,10 +87,13 @@ def test_tp_group_ranks_read_the_same_batch_and_dp_ranks_split_the_global_batch(
 
 
 def _tp_split(name: str) -> bool:
+    """Whether tensor parallel splits parameter ``name``: colwise splits weight and bias, rowwise
+    only the weight (torch keeps a rowwise bias replicated: it is added after the all-reduce)."""
     import fnmatch
 
-    module = name.rsplit(".", 1)[0]
-    return any(fnmatch.fnmatchcase(module, pattern) for pattern in common.PLAN)
+    module, leaf = name.rsplit(".", 1)
+    style = next((s for p, s in common.PLAN.items() if fnmatch.fnmatchcase(module, p)), None)
+    return style == "colwise" or (style == "rowwise" and leaf == "weight")
 
 
 @pytest.mark.multiprocess
@@ -357,3 +360,24 @@ def test_memory_estimate_divides_by_the_parallel_sizes():
                                                                   "parallelism.tp_size": 2}, pm=pm).config, 4,
                                  {**counts, "tp_split": 800})
     assert known.parameters == (800 // 4 + 800 // 2) * 4 and known.note == ""
+
+
+def test_estimate_memory_command_takes_the_parallel_sizes_and_counts_what_the_plan_splits(tmp_path, monkeypatch,
+                                                                                          capsys):
+    from torchbay.cli.main import main
+
+    (tmp_path / "tiny_gpt_factory.py").write_text(
+        f"import sys\nsys.path.insert(0, {SCRIPTS!r})\nfrom parallel_common import TinyGPT\n"
+        f"def build():\n    return TinyGPT()\n")
+    monkeypatch.chdir(tmp_path)
+    plan = ",".join(f"{k}={v}" for k, v in common.PLAN.items())
+    assert main(["estimate-memory", "tiny_gpt_factory:build", "--num-processes", "4", "--dp-shard-size", "2",
+                 "--tp-size", "2", "--tp-plan", plan, "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["parallelism"] == {"dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2}
+    rows = {(r["strategy"], r["precision"]): r for r in report["rows"]}
+    assert rows[("ddp", "-")]["note"] == "cannot build the parallel dimension(s) dp_shard, tp"
+    model = common.make_model()
+    split = sum(p.numel() for n, p in model.named_parameters() if _tp_split(n))
+    total = sum(p.numel() for p in model.parameters())
+    assert rows[("fsdp", "no")]["parameters"] == (split // 4 + (total - split) // 2) * 4  # as measured per rank

@@ -140,6 +140,13 @@ class Strategy:
         params, trainable = counts["parameters"], counts.get("trainable", counts["parameters"])
         return MemoryEstimate(parameters=params * 4, gradients=trainable * 4, optimizer=trainable * 8)
 
+    @classmethod
+    def memory_counts(cls, config: Any, model: torch.nn.Module) -> dict[str, int]:
+        """Extra counts of ``model`` (built on the meta device) that this strategy's
+        :meth:`estimate_memory` reads (e.g. how many parameters a tensor-parallel plan splits);
+        ``torchbay estimate-memory`` merges them into ``counts``. Default: none."""
+        return {}
+
     # -- process group ------------------------------------------------------------------
     @property
     def world_size(self) -> int:

@@ -178,18 +178,37 @@ def _refuse_arguments(spec: str, factory) -> None:
                      f"a function that takes none, e.g. def build(): return {spec.rpartition(':')[2]}(...)")
 
 
-def estimate(counts: dict[str, int], resolved, pm, world_size: int) -> list[dict[str, Any]]:
+def estimate(counts: dict[str, int], resolved, pm, world_size: int, module: Any = None) -> list[dict[str, Any]]:
+    from torchbay.parallelism_config import parallel_sizes, validate_sizes
     from torchbay.precision import by_mode
 
     registries = pm.registries()
     modes = list(by_mode(registries["precisions"]))  # every registered mode, once (engines share a row)
+    sizes = parallel_sizes(resolved.config)
+    active = [dim for dim, size in sizes.items() if size > 1]
     rows = []
     for name, cls in sorted(registries["strategies"].items()):
         if (world_size > 1 and not cls.multi_process) or (world_size == 1 and not cls.single_process):
             continue
+        missing = [dim for dim in active if dim not in getattr(cls, "parallel_dims", ())]
+        if missing:  # the parallel sizes given (--tp-size...) are not something this strategy builds
+            rows.append({"strategy": name, "precision": "-", "estimate": None,
+                         "note": f"cannot build the parallel dimension(s) {', '.join(missing)}"})
+            continue
+        wrong = validate_sizes(sizes, world_size) if active else []
+        if wrong:
+            rows.append({"strategy": name, "precision": "-", "estimate": None, "note": wrong[0]})
+            continue
+        strategy_counts = dict(counts)
+        if module is not None:
+            try:
+                strategy_counts.update(cls.memory_counts(resolved.config, module))
+            except Exception as exc:  # e.g. a tensor-parallel plan that does not fit the model
+                rows.append({"strategy": name, "precision": "-", "estimate": None, "note": str(exc)})
+                continue
         for mode in modes:
             config = resolved.config.model_copy(update={"strategy": name, "mixed_precision": mode})
-            found = cls.estimate_memory(config, world_size, counts)
+            found = cls.estimate_memory(config, world_size, strategy_counts)
             if found is None:
                 rows.append({"strategy": name, "precision": mode, "estimate": None,
                              "note": f"plugin '{getattr(cls, '_torchbay_plugin', '?')}' gives no estimate"})
@@ -206,6 +225,7 @@ def _gib(n: int) -> str:
 
 def estimate_command(args: argparse.Namespace) -> int:
     from torchbay.cli._options import resolve_from_args
+    from torchbay.parallelism_config import parallel_sizes
     from torchbay.plugins import get_plugin_manager
 
     pm = get_plugin_manager()
@@ -219,14 +239,15 @@ def estimate_command(args: argparse.Namespace) -> int:
         counts["trainable"] = counts["parameters"]
     launch = resolved.config.launch
     world = launch.num_processes or (launch.nproc_per_node or 1) * launch.num_machines
-    rows = estimate(counts, resolved, pm, world)
+    rows = estimate(counts, resolved, pm, world, module)
     placement = auto_device_map(module)
     if args.format == "json":
-        print(json.dumps({"counts": counts, "world_size": world, "rows": rows, "big_model_inference": placement},
-                         indent=2))
+        print(json.dumps({"counts": counts, "world_size": world, "rows": rows, "big_model_inference": placement,
+                          "parallelism": parallel_sizes(resolved.config)}, indent=2))
         return 0
+    parallel = " x ".join(f"{dim} {size}" for dim, size in parallel_sizes(resolved.config).items() if size > 1)
     print(f"{args.model}: {counts['parameters']:,} parameters ({counts['trainable']:,} trainable); "
-          f"{world} process(es); per process, without activations")
+          f"{world} process(es){f' as {parallel}' if parallel else ''}; per process, without activations")
     headers = ("STRATEGY", "PRECISION", "PARAMETERS", "GRADIENTS", "OPTIMIZER", "TOTAL")
     cells = []
     for r in rows:

@@ -70,6 +70,8 @@ def torchbay_config_sections():
 
 @hookimpl
 def torchbay_add_cli_options(parser, command):
+    if command == "estimate-memory":  # per-rank memory for the given parallel sizes
+        _add_parallel_flags(parser)
     if command not in ("launch", "test"):
         return
     group = parser.add_argument_group("fsdp (strategy: fsdp)")
@@ -77,6 +79,10 @@ def torchbay_add_cli_options(parser, command):
         description = FSDPConfig.model_fields[key].description or ""
         group.add_argument(flag, dest=f"fsdp.{key}", default=argparse.SUPPRESS, help=description.replace("%", "%%"),
                            **kwargs)
+    _add_parallel_flags(parser)
+
+
+def _add_parallel_flags(parser) -> None:
     group = parser.add_argument_group("N-D parallelism (strategy: fsdp; the parallelism section, docs/parallelism.md)")
     for flag, (key, kwargs) in _PARALLEL_FLAGS.items():
         description = ParallelismSection.model_fields[key].description or ""

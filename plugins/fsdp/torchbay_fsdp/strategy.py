@@ -109,11 +109,33 @@ class FSDPStrategy(Strategy):
 
         note = ""
         if tp > 1 and "tp_split" not in counts:
-            note = ("every parameter counted as split by tensor parallel (layers the plan leaves whole, such as "
-                    "embeddings and norms, are divided by dp_shard x cp only): a lower bound")
+            note = "no tp plan known: every parameter counted as tp-split, a lower bound"
         factor = shard * tp if split == n else shard
         return MemoryEstimate(parameters=per_rank(n, 4), gradients=per_rank(trainable, 4),
                               optimizer=per_rank(trainable, 8), sharding_factor=factor, note=note)
+
+    @classmethod
+    def memory_counts(cls, config, model: torch.nn.Module) -> dict[str, int]:
+        """``tp_split``: parameters of ``model`` the tensor-parallel plan splits (tp_size > 1)."""
+        from torchbay_fsdp.tensor_parallel import model_plan, resolve_plan, style_kind
+
+        tp = config.parallelism.tp_size
+        if tp == 1:
+            return {}
+        plan, where = config.parallelism.tp_plan, "parallelism.tp_plan"
+        if not plan:
+            plan, where = model_plan(model), f"{type(model).__name__}.tp_plan"
+        if not plan:
+            return {}
+        resolved = resolve_plan(model, plan, tp, where)
+        modules = dict(model.named_modules())
+        split = 0
+        for name, style in resolved.items():
+            kind = style_kind(style)
+            for pname, p in modules[name].named_parameters(recurse=False):
+                # colwise splits weight and bias; rowwise the weight (its bias is added after the all-reduce)
+                split += p.numel() if kind == "colwise" or (kind == "rowwise" and pname == "weight") else 0
+        return {"tp_split": split}
 
     # -- the N-D mesh -------------------------------------------------------------------------
     def setup_environment(self, timeout_s: float | None = None) -> None:
