@@ -481,3 +481,11 @@ def test_loading_again_into_a_dispatched_model_takes_the_new_weights(tmp_path, e
     assert torch.equal(model(ids), eager(ids))
     model = torchbay.load_checkpoint_and_dispatch(model, tmp_path / "b.safetensors", device_map="auto")
     assert torch.equal(model(ids), changed(ids))
+
+
+def test_dispatching_an_empty_model_names_what_has_no_value():
+    model = empty_net()
+    for device_map in ({"": "cpu"}, {"embed": "cpu", "blocks": "cpu", "norm": "cpu", "head": "cpu"}):
+        with pytest.raises(ConfigError, match="embed.weight = head.weight"):
+            torchbay.dispatch_model(model, device_map, force_hooks=len(device_map) == 1)
+        assert all(p.is_meta for p in model.parameters())

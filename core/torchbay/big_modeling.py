@@ -87,6 +87,15 @@ def _resolve(slot: Slot, where: Any, state_dict: dict | None) -> torch.Tensor:
     return slot.tensor
 
 
+def _check_values(slots: list[Slot], state_dict: dict | None) -> None:
+    missing = [" = ".join(s.names) for s in slots if s.tensor.device.type == "meta"
+               and not (state_dict is not None and any(n in state_dict for n in s.names))]
+    if missing:
+        raise ConfigError(f"{len(missing)} tensor(s) are on the meta device and nothing gives their value: "
+                          f"{', '.join(missing[:12])}; load a checkpoint (load_checkpoint_and_dispatch) or pass "
+                          f"state_dict=", header="cannot dispatch the model")
+
+
 def dispatch_model(model: nn.Module, device_map: dict[str, Any], main_device: Any = None,
                    state_dict: dict[str, torch.Tensor] | None = None, offload_dir: str | Path | None = None,
                    offload_index: dict[str, Any] | None = None, offload_buffers: bool = False,
@@ -102,10 +111,11 @@ def dispatch_model(model: nn.Module, device_map: dict[str, Any], main_device: An
     keys = {name: device_key(d) for name, d in device_map.items()}
     main = _main_device(keys, main_device)
     offloaded = {DISK} if main == CPU else {CPU, DISK}
-    slots, transient = model_slots(model)
     remove_hook_from_module(model, recurse=True)
+    slots, transient = model_slots(model)
     if len(set(keys.values())) == 1 and next(iter(keys.values())) != DISK and not force_hooks:
         device = torch_device(next(iter(keys.values())))
+        _check_values(slots + transient, state_dict)
         for slot in slots + transient:
             value = _resolve(slot, device, state_dict)
             if value is not slot.tensor or value.device != device:
