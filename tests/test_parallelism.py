@@ -381,3 +381,18 @@ def test_estimate_memory_command_takes_the_parallel_sizes_and_counts_what_the_pl
     split = sum(p.numel() for n, p in model.named_parameters() if _tp_split(n))
     total = sum(p.numel() for p in model.parameters())
     assert rows[("fsdp", "no")]["parameters"] == (split // 4 + (total - split) // 2) * 4  # as measured per rank
+
+
+def test_accelerate_config_parallelism_section_imports_into_the_parallelism_section(tmp_path):
+    from torchbay.cli.main import main
+
+    source = tmp_path / "accelerate.yaml"
+    source.write_text("distributed_type: FSDP\nnum_processes: 4\nfsdp_config:\n  fsdp_version: 2\n"
+                      "parallelism_config:\n  parallelism_config_dp_replicate_size: 1\n"
+                      "  parallelism_config_dp_shard_size: 2\n  parallelism_config_tp_size: 2\n"
+                      "  parallelism_config_cp_size: 1\n  parallelism_config_cp_backend: torch\n")
+    assert main(["config", "import-accelerate", str(source), "-o", str(tmp_path / "torchbay.yaml")]) == 0
+    import yaml
+
+    written = yaml.safe_load((tmp_path / "torchbay.yaml").read_text())
+    assert written["parallelism"] == {"dp_replicate_size": 1, "dp_shard_size": 2, "tp_size": 2, "cp_size": 1}
