@@ -1,0 +1,50 @@
+"""Registers the ``aim`` tracker and its config section ``aim:``.
+
+- ``logging_dir``: the Aim repository (``<logging_dir>/.aim``); default
+  ``<tracking logging dir>/aim``.
+- ``system_tracking_interval``: seconds between system-usage samples (unset: none).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Optional
+
+from pydantic import Field
+
+from torchbay.config import Section
+from torchbay.plugins import hookimpl
+
+NAME = "aim"
+
+
+class AimSection(Section):
+    logging_dir: Optional[str] = Field(None, description="the Aim repository (default: <tracking logging dir>/aim)")
+    system_tracking_interval: Optional[float] = Field(None, gt=0, description="seconds between system-usage "
+                                                                              "samples; unset: none")
+
+
+@hookimpl
+def torchbay_register_trackers():
+    from torchbay_aim.tracker import AimTracker
+
+    return [AimTracker]
+
+
+@hookimpl
+def torchbay_config_sections():
+    return {NAME: AimSection}
+
+
+@hookimpl
+def torchbay_report_env():
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return {"aim": version("aim")}
+    except PackageNotFoundError:
+        return {"aim": "not installed (pip install aim)"}
+
+
+def library_missing() -> bool:
+    return importlib.util.find_spec("aim") is None
