@@ -2,6 +2,7 @@
 (dvclive.utils.parse_tsv, dvclive.serialize.load_yaml)."""
 
 import json
+import subprocess
 
 import pytest
 import torch
@@ -25,7 +26,9 @@ def read(run_dir):
     return metrics, load_yaml(str(run_dir / "params.yaml"))
 
 
-def test_metrics_params_and_end_training_writes_the_summary(tmp_path):
+def test_metrics_params_and_end_training_writes_the_summary(tmp_path, monkeypatch):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.chdir(tmp_path)  # inside a Git repository without DVC: DVCLive alone would `dvc init` it
     acc = Accelerator(project_dir=str(tmp_path), log_with="dvclive")
     acc.init_trackers("proj", config=CONFIG)
     for step in range(3):
@@ -43,6 +46,7 @@ def test_metrics_params_and_end_training_writes_the_summary(tmp_path):
     assert params == {"lr": 0.1, "model": {"width": 4, "depth": 2}, "seed": 7, "name": "tiny"}
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["loss"] == 2.0 and summary["nested"]["count"] == 2 and summary["step"] == 2
+    assert not (tmp_path / ".dvc").exists() and not (tmp_path / ".dvcignore").exists()  # nothing outside its dir
     assert (run_dir / "text" / "note.tsv").read_text().splitlines() == ["step\tvalue", '0\t"step 0"', '1\t"step 1"',
                                                                        '2\t"step 2"']
 

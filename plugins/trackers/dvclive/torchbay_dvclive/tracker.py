@@ -5,6 +5,11 @@ DVCLive itself cannot store a numpy int). Numbers are metrics at the step (neste
 with ``/``: ``plots/metrics/eval/loss.tsv``), ``metrics.json`` holds the latest. DVCLive
 stores numbers only; other values go to ``text/<name>.tsv`` (step, JSON text) next to them.
 A resumed run (the same directory) goes on appending, as DVCLive's ``resume=True`` does.
+
+DVCLive runs ``dvc init`` in the enclosing Git repository when it finds no DVC repository
+(``.dvc/`` and ``.dvcignore`` at the repository root), even when no DVC experiment is saved.
+Unless ``dvclive.save_dvc_exp`` asks for an experiment, the tracker skips that set-up and
+writes nothing outside its own directory.
 """
 
 from __future__ import annotations
@@ -38,8 +43,7 @@ class DVCLiveTracker(GeneralTracker):
         return "the dvclive package is not installed: pip install dvclive" if library_missing() else None
 
     def start(self) -> None:
-        from dvclive import Live
-
+        Live = _files_only_live()
         options = {"resume": True, "save_dvc_exp": bool(getattr(self.settings, "save_dvc_exp", False)),
                    "dvcyaml": None, "report": None}
         options.update(self.kwargs)
@@ -83,3 +87,17 @@ class DVCLiveTracker(GeneralTracker):
         if self.live is not None:
             self.live.end()
             self.live = None
+
+
+def _files_only_live():
+    """DVCLive's ``Live`` without its DVC-repository set-up unless an experiment is saved."""
+    from dvclive import Live
+
+    class FilesOnlyLive(Live):
+        def _init_dvc(self):
+            if self._save_dvc_exp or os.getenv("DVC_ROOT"):  # a DVC experiment or a `dvc exp run` stage
+                return super()._init_dvc()
+            self._dvc_file = self._init_dvc_file()  # (unused: dvcyaml is None) no `dvc init`, no Git lookup
+            return None
+
+    return FilesOnlyLive
