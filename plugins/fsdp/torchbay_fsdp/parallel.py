@@ -75,24 +75,21 @@ def flattened(sizes: dict[str, int]) -> dict[str, list[str]]:
 
 
 def build_mesh(device_type: str, sizes: dict[str, int]):
-    """One named mesh on ``device_type`` (the selected device plugin's torch type)."""
-    import warnings
-
+    """One named mesh on ``device_type`` (the selected device plugin's torch type), and its
+    flattened dimensions by name (torch asks callers to keep those rather than slice them
+    from the root mesh again)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     names = mesh_dims(sizes)
     mesh = init_device_mesh(device_type, tuple(sizes[n] for n in names), mesh_dim_names=names)
-    with warnings.catch_warnings():  # slicing a mesh by several names warns in torch 2.13 (still supported)
-        warnings.simplefilter("ignore")
-        for name, dims in flattened(sizes).items():
-            mesh[tuple(dims)]._flatten(name)
-    return mesh
+    flat = {name: sub_mesh(mesh, dims)._flatten(name) for name, dims in flattened(sizes).items()}
+    return mesh, flat
 
 
 def sub_mesh(mesh: Any, names: list[str] | tuple[str, ...]):
     """``mesh[names]`` (one name or several), without torch's slicing warning."""
     import warnings
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # slicing by a flattened name warns in torch 2.13 (still supported)
         warnings.simplefilter("ignore")
         return mesh[names[0]] if len(names) == 1 else mesh[tuple(names)]

@@ -86,6 +86,7 @@ class FSDPStrategy(Strategy):
         self._optimizers: list[Any] = []  # raw optimizers seen by setup, remapped on later prepares
         self._roots: list[torch.nn.Module] = []
         self._mesh = None
+        self._flat: dict[str, Any] = {}
         from torchbay_fsdp.parallel import sizes_of
 
         self.sizes = sizes_of(context.config.parallelism, self.world_size)
@@ -149,7 +150,7 @@ class FSDPStrategy(Strategy):
         if self._mesh is None:
             from torchbay_fsdp.parallel import build_mesh
 
-            self._mesh = build_mesh(self.device_backend.torch_type(), self.sizes)
+            self._mesh, self._flat = build_mesh(self.device_backend.torch_type(), self.sizes)
         return self._mesh
 
     @property
@@ -157,8 +158,12 @@ class FSDPStrategy(Strategy):
         """The mesh FSDP shards over: (dp_replicate, dp_shard_cp) for HSDP, else dp_shard_cp."""
         from torchbay_fsdp.parallel import sub_mesh
 
-        return sub_mesh(self.device_mesh, ["dp_replicate", "dp_shard_cp"] if self.sizes["dp_replicate"] > 1
-                        else ["dp_shard_cp"])
+        root = self.device_mesh
+        if self.sizes["cp"] == 1:  # dp_shard_cp is dp_shard: slice the root by its own dimensions
+            return sub_mesh(root, [n for n in ("dp_replicate", "dp_shard") if n in root.mesh_dim_names])
+        if self.sizes["dp_replicate"] == 1:
+            return self._flat["dp_shard_cp"]
+        return sub_mesh(root, ["dp_replicate", "dp_shard_cp"])
 
     @property
     def data_parallel_size(self) -> int:
@@ -166,9 +171,11 @@ class FSDPStrategy(Strategy):
 
     @property
     def data_parallel_rank(self) -> int:
-        if self.data_parallel_size == 1:
-            return 0
-        return self.device_mesh["dp"].get_local_rank()
+        rank, mesh = 0, self.device_mesh
+        for name in ("dp_replicate", "dp_shard"):  # dp = dp_replicate x dp_shard, replicate outermost
+            if name in mesh.mesh_dim_names:
+                rank = rank * self.sizes[name] + mesh.get_local_rank(name)
+        return rank
 
     @property
     def parallelism_config(self):
@@ -239,7 +246,7 @@ class FSDPStrategy(Strategy):
             if hasattr(root, "process_group"):  # FSDP1
                 with contextlib.suppress(AttributeError):
                     root.process_group = None
-        self._mesh = None
+        self._mesh, self._flat = None, {}
         gc.collect()
 
     def is_wrapped(self, model: Any) -> bool:
@@ -453,9 +460,10 @@ class FSDPStrategy(Strategy):
             key = (id(g.device_mesh), tuple(g.placements)) if isinstance(g, DTensor) else None
             groups.setdefault(key, []).append(p)
         norms = []
-        for group in groups.values():
-            norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type)
-            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # partial: reduce over shards
+        with _quiet_redistribute():
+            for group in groups.values():
+                norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type)
+                norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # partial: reduce over shards
         if not norms:
             return torch.tensor(0.0)
         total = norms[0] if len(norms) == 1 else torch.nn.utils.get_total_norm(norms, norm_type)
@@ -555,6 +563,21 @@ class FSDPStrategy(Strategy):
             except Exception as exc:
                 raise CheckpointError(f"optimizer {j} could not be restored from {path}: "
                                       f"{type(exc).__name__}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _quiet_redistribute():
+    """Reducing a norm over a 2-D (dp, tp) mesh takes two all-reduces, about which torch warns on
+    every rank at every step; one scalar per step is not worth the noise."""
+    import logging
+
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextlib.contextmanager
