@@ -84,6 +84,7 @@ def test_tp_group_ranks_read_the_same_batch_and_dp_ranks_split_the_global_batch(
             everything = sorted(i for ids in parts.values() for i in ids)
             assert everything == list(range(step * common.GLOBAL_BATCH, (step + 1) * common.GLOBAL_BATCH)), (run, step)
     assert result["fsdp2_tp2"]["data_parallel_rank"] == [0, 0, 1, 1]
+    assert result["fsdp2_tp2"]["free_function_first_ids"] == [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5, 6, 7]]
 
 
 def _tp_split(name: str) -> bool:

@@ -61,6 +61,12 @@ def run(name: str, sizes: dict, out: str, ref_losses, ref_state) -> dict:
               "parallelism_config_sizes": acc.parallelism_config.sizes,
               "config_mesh_is_accelerator_mesh": acc.parallelism_config.device_mesh is mesh}
     if name == "fsdp2_tp2":
+        from torchbay import prepare_data_loader
+
+        # Accelerate's free function with the mesh: tp ranks read the same batch there too
+        free = prepare_data_loader(torch.utils.data.DataLoader(dataset(), batch_size=GLOBAL_BATCH // dp),
+                                   torch_device_mesh=mesh)
+        result["free_function_first_ids"] = acc.gather(next(iter(free))[0][None]).tolist()
         result["tp_rank"] = acc.gather(torch.tensor([acc.tensor_parallel_rank])).tolist()
         result["tp_plan_applied"] = sorted(acc.strategy.tp_plans[0])
         if acc.is_main_process:
