@@ -140,9 +140,9 @@ def test_logger_logs_on_main_process_only(caplog, monkeypatch):
     assert [r.message for r in caplog.records] == ["from main", "everywhere"]
 
 
-def test_log_with_is_refused_with_a_hint():
-    with pytest.raises(ConfigError, match="log_with"):
-        Accelerator(log_with="wandb")
+def test_log_with_a_tracker_that_is_not_installed_is_refused_with_a_hint():
+    with pytest.raises(ConfigError, match=r"tracking.log_with: tracker 'nosuch' is not installed .*torchbay-nosuch"):
+        Accelerator(log_with="nosuch")
 
 
 def test_slurm_and_mpi_environments_are_read(monkeypatch):
