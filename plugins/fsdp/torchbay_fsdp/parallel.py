@@ -35,8 +35,8 @@ def check(config: Any, world_size: int, device_type: str) -> list[str]:
     s = config.fsdp
     if explicit and sizes["dp_shard"] == 1 and sizes["cp"] == 1:
         problems.append(f"{WHERE}: strategy fsdp shards over dp_shard x cp, but dp_shard_size and cp_size are both 1 "
-                        f"({' x '.join(f'{n}_size {v}' for n, v in sizes.items() if v > 1)}); set dp_shard_size > 1 "
-                        f"(use strategy: ddp for replicas only)")
+                        f"({' x '.join(f'{n}_size {v}' for n, v in sizes.items() if v > 1)}); set dp_shard_size > 1"
+                        + (" (use strategy: ddp for replicas only)" if sizes["dp_replicate"] > 1 else ""))
     if s.version == 1 and (sizes["dp_replicate"] > 1 or sizes["tp"] > 1 or sizes["cp"] > 1):
         problems.append(f"{WHERE}: dp_replicate/tp/cp sizes > 1 need fsdp.version 2 (fully_shard on a DeviceMesh); "
                         f"FullyShardedDataParallel (version 1) shards over one process group")
