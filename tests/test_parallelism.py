@@ -397,3 +397,21 @@ def test_accelerate_config_parallelism_section_imports_into_the_parallelism_sect
 
     written = yaml.safe_load((tmp_path / "torchbay.yaml").read_text())
     assert written["parallelism"] == {"dp_replicate_size": 1, "dp_shard_size": 2, "tp_size": 2, "cp_size": 1}
+
+
+def _accelerators() -> int:
+    from torchbay.plugins import get_plugin_manager
+
+    cuda = get_plugin_manager().registries()["devices"].get("cuda")
+    return cuda.device_count() if cuda is not None and cuda.unavailable_reason() is None else 0
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(_accelerators() < 2, reason="context parallel needs 2 accelerator devices (torch has no CPU "
+                                                "sharding rule for SDPA)")
+def test_context_parallel_on_two_accelerators_matches_one_device(tmp_path):
+    run_torchrun(os.path.join(SCRIPTS, "parallel_cp.py"), 2, ["--out", str(tmp_path)], timeout=300).check()
+    got = json.loads((tmp_path / "result_cp.json").read_text())
+    assert got["mesh_dims"] == ["cp"]
+    _close(got["losses"], got["reference_losses"], atol=1e-4)  # flash/efficient SDPA kernels: another order
+    assert got["weights_max_diff"] <= 1e-4
