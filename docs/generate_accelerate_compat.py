@@ -22,7 +22,9 @@ MODULES = [("accelerate", "torchbay"), ("accelerate.accelerator", "torchbay.acce
            ("accelerate.state", "torchbay.state"), ("accelerate.data_loader", "torchbay.data"),
            ("accelerate.utils (and its submodules)", "torchbay.utils"), ("accelerate.logging", "torchbay.utils"),
            ("accelerate.launchers", "torchbay.launchers"),
-           ("accelerate.optimizer, accelerate.scheduler", "torchbay.wrappers")]
+           ("accelerate.optimizer, accelerate.scheduler", "torchbay.wrappers"),
+           ("accelerate.tracking", "torchbay.tracking"), ("accelerate.big_modeling", "torchbay.big_modeling"),
+           ("accelerate.parallelism_config", "torchbay.parallelism_config")]
 
 #: names that behave differently from Accelerate's in a way a user may notice
 NOTES = {

@@ -14,19 +14,16 @@ tracker class or object.
 
 from __future__ import annotations
 
-import enum
 import functools
-import json
 import logging
-import math
-import numbers
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from torchbay.errors import TorchbayError
+from torchbay.tracking_values import (flatten, hparam_value, is_number, split_scalars,  # noqa: F401 (re-exported)
+                                      to_python)
 
 log = logging.getLogger("torchbay")
 
@@ -147,185 +144,6 @@ def _is_main_process() -> bool:
     if "process_index" in state:
         return state["process_index"] == 0
     return int(os.environ.get("RANK", "0")) == 0
-
-
-# --- values --------------------------------------------------------------------------------
-
-
-def to_python(value: Any) -> Any:
-    """A plain Python value for ``value``: tensors and numpy scalars/arrays become numbers or lists,
-    paths and enums their text; mappings and sequences are converted item by item."""
-    if value is None or type(value) in (bool, int, float, str):
-        return value
-    if isinstance(value, enum.Enum):
-        return to_python(value.value)
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, Mapping):
-        return {str(k): to_python(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_python(v) for v in value]
-    tolist = getattr(value, "tolist", None)  # torch tensors, numpy arrays and scalars
-    if tolist is not None and hasattr(value, "dtype"):
-        try:
-            return value.item() if getattr(value, "ndim", 1) == 0 else tolist()
-        except Exception:
-            return str(value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    return str(value)
-
-
-def flatten(values: Mapping[str, Any], sep: str = "/", prefix: str = "") -> dict[str, Any]:
-    """``{"opt": {"lr": 1e-3}}`` -> ``{"opt/lr": 1e-3}`` (values converted with :func:`to_python`)."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        name = f"{prefix}{sep}{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            out.update(flatten(value, sep, name))
-        else:
-            out[name] = to_python(value)
-    return out
-
-
-def is_number(value: Any) -> bool:
-    """A real number a metric store can keep (bools excluded)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def split_scalars(values: Mapping[str, Any], sep: str = "/") -> tuple[dict[str, float], dict[str, Any]]:
-    """Flattened ``values`` as ``(numbers, everything else)``; NaN and inf stay numbers."""
-    flat = flatten(values, sep)
-    numbers_ = {k: float(v) if isinstance(v, float) else v for k, v in flat.items() if is_number(v)}
-    others = {k: v for k, v in flat.items() if k not in numbers_}
-    return numbers_, others
-
-
-def hparam_value(value: Any) -> bool | int | float | str:
-    """A value a hyper-parameter table can hold: numbers, bools and strings as they are, else JSON text."""
-    value = to_python(value)
-    if isinstance(value, (bool, int, float, str)):
-        return value
-    return json.dumps(value, sort_keys=True, default=str)
-
-
-# --- the built-in tracker ------------------------------------------------------------------
-
-
-def _json_default(value: Any) -> Any:
-    converted = to_python(value)
-    return converted if not isinstance(converted, type(value)) else str(value)
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no NaN or infinity: write them as the strings "nan", "inf", "-inf"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
-class JSONLinesTracker(GeneralTracker):
-    """The built-in tracker: one JSON object per line in ``<logging_dir>/<run_name>/metrics.jsonl``.
-
-    Needs nothing beyond the standard library; ``torchbay plot`` draws its scalars. A resumed
-    run appends to the same file. Records: ``{"format": ...}`` once per start, ``{"config":
-    {...}}``, ``{"step": n, "time": t, "values": {...}}`` and ``{"event": "finish"}``.
-    """
-
-    name = JSONL_NAME
-    requires_logging_directory = True
-
-    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
-                 **kwargs: Any):
-        super().__init__()
-        if kwargs:
-            raise TrackerError(f"init_kwargs['jsonl'] has {', '.join(sorted(kwargs))}: the jsonl tracker takes no "
-                               f"arguments; remove them")
-        self.run_name = run_name
-        self.path = Path(logging_dir or ".") / run_name / JSONL_FILE
-        self._file = None
-
-    def start(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists() and self.path.stat().st_size:
-            with open(self.path, encoding="utf-8") as existing:
-                first = existing.readline()
-            try:
-                ours = json.loads(first).get("format") == JSONL_FORMAT
-            except (ValueError, AttributeError):
-                ours = False
-            if not ours:
-                raise TrackerError(f"{self.path} exists and was not written by torchbay's jsonl tracker; torchbay "
-                                   f"does not write into it: choose another run name or tracking.logging_dir")
-        self._file = open(self.path, "a", encoding="utf-8")
-        self._write({"format": JSONL_FORMAT, "run": self.run_name, "time": time.time()})
-
-    def _write(self, record: dict[str, Any]) -> None:
-        if self._file is None:
-            raise TrackerError(f"the jsonl tracker of run '{self.run_name}' is not started (call "
-                               f"accelerator.init_trackers first) or already finished")
-        self._file.write(json.dumps(_finite(record), default=_json_default) + "\n")
-        self._file.flush()
-
-    @property
-    def tracker(self) -> Any:
-        return self._file
-
-    @property
-    def location(self) -> str:
-        return str(self.path)
-
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self._write({"config": to_python(dict(values)), "time": time.time()})
-
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        self._write({"step": step, "time": time.time(), "values": to_python(dict(values))})
-
-    def finish(self) -> None:
-        if self._file is not None:
-            self._write({"event": "finish", "time": time.time()})
-            self._file.close()
-            self._file = None
-
-
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a built-in tracker's ``metrics.jsonl`` (a torn last line is skipped)."""
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                continue
-    return records
-
-
-def find_jsonl(run_dir: str | os.PathLike) -> list[Path]:
-    """Every built-in tracker file under ``run_dir`` (or ``run_dir`` itself when it is one)."""
-    root = Path(run_dir)
-    if root.is_file():
-        return [root]
-    return sorted(root.rglob(JSONL_FILE))
-
-
-def read_scalars(path: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
-    """``{metric: [(step, value), ...]}`` from a built-in tracker file; nested names joined by ``/``."""
-    series: dict[str, list[tuple[int, float]]] = {}
-    for record in read_jsonl(path):
-        if "values" not in record or record.get("step") is None:
-            continue
-        numbers_, _ = split_scalars(record["values"])
-        for name, value in numbers_.items():
-            series.setdefault(name, []).append((int(record["step"]), float(value)))
-    return series
 
 
 # --- choosing trackers ---------------------------------------------------------------------
@@ -495,3 +313,14 @@ def say(message: str) -> None:
         log.info("torchbay: %s", message)
     else:
         print(f"torchbay: {message}", file=sys.stderr, flush=True)
+
+
+_JSONL_NAMES = ("JSONLinesTracker", "read_jsonl", "find_jsonl", "read_scalars")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _JSONL_NAMES:  # the built-in tracker's module imports this one
+        from torchbay import tracking_jsonl
+
+        return getattr(tracking_jsonl, name)
+    raise AttributeError(f"module 'torchbay.tracking' has no attribute '{name}'")

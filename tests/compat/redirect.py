@@ -35,6 +35,9 @@ ALIASES = {
     "accelerate.optimizer": "torchbay.wrappers",
     "accelerate.scheduler": "torchbay.wrappers",
     "accelerate.utils": "torchbay.utils",
+    "accelerate.tracking": "torchbay.tracking",
+    "accelerate.big_modeling": "torchbay.big_modeling",
+    "accelerate.parallelism_config": "torchbay.parallelism_config",
 }
 #: everything under these comes from the installed Accelerate files
 REAL_PREFIXES = ("accelerate.test_utils",)

@@ -9,7 +9,7 @@ from torchbay.plugins import hookimpl
 
 @hookimpl
 def torchbay_register_trackers() -> list:
-    from torchbay.tracking import JSONLinesTracker
+    from torchbay.tracking_jsonl import JSONLinesTracker
 
     return [JSONLinesTracker]
 
