@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import json
 import struct
 import sys
@@ -135,7 +136,8 @@ def build_module(spec: str):
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise _error(f"'{spec}' is neither an existing safetensors file nor a Python path 'package.module:factory'")
-    sys.path.insert(0, ".")
+    sys.path.insert(0, os.getcwd())  # absolute: a finder cached for "." may describe another directory
+    importlib.invalidate_caches()  # the module may have been written a moment ago
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
