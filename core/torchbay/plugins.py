@@ -366,6 +366,14 @@ def _entry_points():
     return importlib_metadata.entry_points(group=ENTRY_POINT_GROUP)
 
 
+def library_version(distribution: str, install: str | None = None) -> str:
+    """The installed version of ``distribution``, or "not installed (pip install ...)": a line of ``torchbay env``."""
+    try:
+        return importlib_metadata.version(distribution)
+    except importlib_metadata.PackageNotFoundError:
+        return f"not installed (pip install {install or distribution})"
+
+
 def _own_version() -> str:
     try:
         return importlib_metadata.version("torchbay")

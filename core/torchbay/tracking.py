@@ -15,6 +15,7 @@ tracker class or object.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import os
 import sys
@@ -66,6 +67,8 @@ class GeneralTracker:
     requires_logging_directory: bool = False
     #: run only on the main process (Accelerate's attribute)
     main_process_only: bool = True
+    #: import name of the tracking library (checked cheaply, never imported); ``None``: none needed
+    library: str | None = None
 
     def __init__(self, _blank: bool = False):
         if not _blank and not getattr(self, "name", ""):
@@ -75,7 +78,9 @@ class GeneralTracker:
     # -- before the run: class methods of the selected classes -------------------------------
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        """Why this tracker cannot run here (its library is not importable), or ``None``."""
+        """Why this tracker cannot run here (its ``library`` is not importable), or ``None``."""
+        if cls.library and importlib.util.find_spec(cls.library) is None:
+            return f"the {cls.library} package is not installed: pip install {cls.library}"
         return None
 
     @classmethod

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Optional
 
 from pydantic import Field
@@ -38,13 +37,6 @@ def torchbay_config_sections():
 
 @hookimpl
 def torchbay_report_env():
-    from importlib.metadata import PackageNotFoundError, version
+    from torchbay.plugins import library_version
 
-    try:
-        return {"aim": version("aim")}
-    except PackageNotFoundError:
-        return {"aim": "not installed (pip install aim)"}
-
-
-def library_missing() -> bool:
-    return importlib.util.find_spec("aim") is None
+    return {"aim": library_version("aim")}

@@ -16,6 +16,7 @@ from torchbay.tracking import GeneralTracker, TrackerError, split_scalars, to_py
 
 class AimTracker(GeneralTracker):
     name = "aim"
+    library = "aim"
     requires_logging_directory = True
 
     def __init__(self, project_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
@@ -30,11 +31,6 @@ class AimTracker(GeneralTracker):
         self.kwargs = kwargs
         self.run = None
 
-    @classmethod
-    def unavailable_reason(cls) -> str | None:
-        from torchbay_aim.plugin import library_missing
-
-        return "the aim package is not installed: pip install aim" if library_missing() else None
 
     def start(self) -> None:
         from aim import Run

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Optional
 
 from pydantic import Field
@@ -37,13 +36,6 @@ def torchbay_config_sections():
 
 @hookimpl
 def torchbay_report_env():
-    from importlib.metadata import PackageNotFoundError, version
+    from torchbay.plugins import library_version
 
-    try:
-        return {"dvclive": version("dvclive")}
-    except PackageNotFoundError:
-        return {"dvclive": "not installed (pip install dvclive)"}
-
-
-def library_missing() -> bool:
-    return importlib.util.find_spec("dvclive") is None
+    return {"dvclive": library_version("dvclive")}

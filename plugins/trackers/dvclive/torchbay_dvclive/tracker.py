@@ -24,6 +24,7 @@ from torchbay.tracking import GeneralTracker, TrackerError, split_scalars, to_py
 
 class DVCLiveTracker(GeneralTracker):
     name = "dvclive"
+    library = "dvclive"
     requires_logging_directory = True
 
     def __init__(self, project_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
@@ -36,11 +37,6 @@ class DVCLiveTracker(GeneralTracker):
         self.kwargs = kwargs
         self.live = None
 
-    @classmethod
-    def unavailable_reason(cls) -> str | None:
-        from torchbay_dvclive.plugin import library_missing
-
-        return "the dvclive package is not installed: pip install dvclive" if library_missing() else None
 
     def start(self) -> None:
         Live = _files_only_live()

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Optional
 
 from pydantic import Field
@@ -42,13 +41,6 @@ def torchbay_config_sections():
 
 @hookimpl
 def torchbay_report_env():
-    from importlib.metadata import PackageNotFoundError, version
+    from torchbay.plugins import library_version
 
-    try:
-        return {"mlflow": version("mlflow")}
-    except PackageNotFoundError:
-        return {"mlflow": "not installed (pip install mlflow)"}
-
-
-def library_missing() -> bool:
-    return importlib.util.find_spec("mlflow") is None
+    return {"mlflow": library_version("mlflow")}

@@ -28,6 +28,7 @@ SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "d
 
 class MLflowTracker(GeneralTracker):
     name = "mlflow"
+    library = "mlflow"
     requires_logging_directory = True
 
     def __init__(self, project_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
@@ -46,11 +47,6 @@ class MLflowTracker(GeneralTracker):
         self.client = None
         self.run_id: str | None = None
 
-    @classmethod
-    def unavailable_reason(cls) -> str | None:
-        from torchbay_mlflow.plugin import library_missing
-
-        return "the mlflow package is not installed: pip install mlflow" if library_missing() else None
 
     @classmethod
     def check(cls, context: Any) -> list[str]:

@@ -19,6 +19,7 @@ from torchbay.tracking import GeneralTracker, TrackerError, flatten, hparam_valu
 
 class TensorBoardTracker(GeneralTracker):
     name = "tensorboard"
+    library = "tensorboard"
     requires_logging_directory = True
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
@@ -30,11 +31,6 @@ class TensorBoardTracker(GeneralTracker):
         self.kwargs = kwargs  # SummaryWriter's own arguments (init_kwargs={"tensorboard": {...}})
         self.writer = None
 
-    @classmethod
-    def unavailable_reason(cls) -> str | None:
-        from torchbay_tensorboard.plugin import library_missing
-
-        return "the tensorboard package is not installed: pip install tensorboard" if library_missing() else None
 
     def start(self) -> None:
         from torch.utils.tensorboard import SummaryWriter

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Optional
 
 from pydantic import Field
@@ -39,13 +38,6 @@ def torchbay_config_sections():
 
 @hookimpl
 def torchbay_report_env():
-    from importlib.metadata import PackageNotFoundError, version
+    from torchbay.plugins import library_version
 
-    try:
-        return {"trackio": version("trackio")}
-    except PackageNotFoundError:
-        return {"trackio": "not installed (pip install trackio)"}
-
-
-def library_missing() -> bool:
-    return importlib.util.find_spec("trackio") is None
+    return {"trackio": library_version("trackio")}

@@ -21,6 +21,7 @@ from torchbay.tracking import GeneralTracker, TrackerError, flatten, to_python
 
 class TrackioTracker(GeneralTracker):
     name = "trackio"
+    library = "trackio"
     requires_logging_directory = True
 
     def __init__(self, project_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
@@ -35,11 +36,6 @@ class TrackioTracker(GeneralTracker):
         self.kwargs = kwargs
         self.run = None
 
-    @classmethod
-    def unavailable_reason(cls) -> str | None:
-        from torchbay_trackio.plugin import library_missing
-
-        return "the trackio package is not installed: pip install trackio" if library_missing() else None
 
     def start(self) -> None:
         if "trackio" in sys.modules:

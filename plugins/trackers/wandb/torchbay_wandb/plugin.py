@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Literal, Optional
 
 from pydantic import Field
@@ -41,13 +40,6 @@ def torchbay_config_sections():
 
 @hookimpl
 def torchbay_report_env():
-    from importlib.metadata import PackageNotFoundError, version
+    from torchbay.plugins import library_version
 
-    try:
-        return {"wandb": version("wandb")}
-    except PackageNotFoundError:
-        return {"wandb": "not installed (pip install wandb)"}
-
-
-def library_missing() -> bool:
-    return importlib.util.find_spec("wandb") is None
+    return {"wandb": library_version("wandb")}

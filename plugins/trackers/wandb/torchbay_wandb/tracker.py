@@ -16,6 +16,7 @@ from torchbay.tracking import GeneralTracker, TrackerError, flatten, to_python
 
 class WandbTracker(GeneralTracker):
     name = "wandb"
+    library = "wandb"
     requires_logging_directory = True
 
     def __init__(self, project_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
@@ -31,11 +32,6 @@ class WandbTracker(GeneralTracker):
         self.kwargs = kwargs
         self.run = None
 
-    @classmethod
-    def unavailable_reason(cls) -> str | None:
-        from torchbay_wandb.plugin import library_missing
-
-        return "the wandb package is not installed: pip install wandb" if library_missing() else None
 
     def start(self) -> None:
         import wandb
