@@ -83,6 +83,9 @@ def test_tp_group_ranks_read_the_same_batch_and_dp_ranks_split_the_global_batch(
                 assert parts.setdefault(dp_rank, ids) == ids, (run, step, rank)  # same batch within a tp group
             everything = sorted(i for ids in parts.values() for i in ids)
             assert everything == list(range(step * common.GLOBAL_BATCH, (step + 1) * common.GLOBAL_BATCH)), (run, step)
+            # gather_for_metrics returns each sample once, in data-parallel order (tensors and objects)
+            for gathered in got["gathered_for_metrics"][2 * step:2 * step + 2]:
+                assert gathered == [i for dp_rank in sorted(parts) for i in parts[dp_rank]], (run, step)
     assert result["fsdp2_tp2"]["data_parallel_rank"] == [0, 0, 1, 1]
     assert result["fsdp2_tp2"]["free_function_first_ids"] == [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5, 6, 7]]
 

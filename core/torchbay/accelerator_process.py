@@ -53,17 +53,40 @@ class ProcessControl:
         return operations._gather(self.strategy, tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gather, dropping the samples repeated to even out the last round of batches."""
+        """Gather, dropping the samples repeated to even out the last round of batches.
+
+        Under tensor or context parallelism the ranks of one group read the same batch: only
+        one rank per data-parallel part is kept, so each sample comes back once.
+        """
         is_tensorish = not use_gather_object and _contains_tensor(input_data)
+        sources = self._data_parallel_sources()
         if is_tensorish:
             data = self.gather(input_data)
+            if sources is not None:
+                world = self.strategy.world_size
+                data = operations.recursively_apply(
+                    lambda t: t.reshape(world, -1, *t.shape[1:])[sources].reshape(-1, *t.shape[1:]), data)
         else:
-            data = [x for part in self.strategy.all_gather_object(input_data) for x in
-                    (part if isinstance(part, list) else [part])]
+            parts = self.strategy.all_gather_object(input_data)
+            if sources is not None:
+                parts = [parts[r] for r in sources]
+            data = [x for part in parts for x in (part if isinstance(part, list) else [part])]
         remainder = self.gradient_state.remainder
         if self.gradient_state.end_of_dataloader and remainder >= 0:
             return operations.truncate(data, remainder) if is_tensorish else data[:remainder]
         return data
+
+    def _data_parallel_sources(self) -> list[int] | None:
+        """One global rank per data-parallel part, in part order; None when every rank reads its own."""
+        strategy = self.strategy
+        if strategy.data_parallel_size == strategy.world_size:
+            return None
+        cached = getattr(self, "_dp_sources", None)
+        if cached is None:  # every rank gets here (gather_for_metrics is collective), once
+            parts = strategy.all_gather_object(strategy.data_parallel_rank)
+            cached = [parts.index(part) for part in range(strategy.data_parallel_size)]
+            self._dp_sources = cached
+        return cached
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         return operations._reduce(self.strategy, tensor, reduction, scale)

@@ -37,7 +37,7 @@ def run(name: str, sizes: dict, out: str, ref_losses, ref_state) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     model, opt, loader = acc.prepare(model, opt, loader)
     param_bytes = acc.gather(torch.tensor([local_param_bytes(model)])).tolist()
-    losses, seen = [], []
+    losses, seen, metrics = [], [], []
     for step, (ids, tokens) in enumerate(loader):
         loss = loss_of(model, tokens)
         acc.backward(loss)
@@ -45,6 +45,8 @@ def run(name: str, sizes: dict, out: str, ref_losses, ref_state) -> dict:
         opt.zero_grad()
         losses.append(acc.gather(loss.detach()[None]).mean().item())  # tp ranks hold equal losses
         seen.append(acc.gather(ids[None]).tolist())  # [rank][sample ids]
+        metrics.append(acc.gather_for_metrics(ids).tolist())  # every sample of the step once
+        metrics.append(acc.gather_for_metrics([int(i) for i in ids], use_gather_object=True))
         if name == "fsdp2_tp2" and step + 1 == S:
             acc.save_state(os.path.join(out, "ckpt"))
             snapshot = full_state(acc, model)
@@ -53,7 +55,7 @@ def run(name: str, sizes: dict, out: str, ref_losses, ref_state) -> dict:
     state = full_state(acc, model)
     result = {"losses": losses, "reference_losses": ref_losses,
               "weights_max_diff": max_diff(ref_state, state) if acc.is_main_process else None,
-              "seen": seen, "param_bytes": param_bytes, "data_parallel_size": dp,
+              "seen": seen, "gathered_for_metrics": metrics, "param_bytes": param_bytes, "data_parallel_size": dp,
               "data_parallel_rank": acc.gather(torch.tensor([acc.data_parallel_rank])).tolist(),
               "mesh_dims": list(mesh.mesh_dim_names), "mesh_shape": list(mesh.shape),
               "dp_mesh_size": mesh["dp"].size(), "dp_shard_cp_size": mesh["dp_shard_cp"].size(),
