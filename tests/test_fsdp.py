@@ -154,6 +154,25 @@ def test_load_state_into_2_and_1_processes_continues_like_uninterrupted_run(trai
 
 
 @pytest.mark.multiprocess
+def test_merge_fsdp_weights_removes_only_a_checkpoint_torchbay_wrote(trained, tmp_path):
+    import shutil
+
+    from torchbay.errors import CheckpointError
+    from torchbay_fsdp.compat import merge_fsdp_weights
+
+    out, _ = trained
+    mine = tmp_path / "mine"
+    shutil.copytree(out / "ckpt", mine)
+    (mine / "notes.txt").write_text("the user's own file")
+    with pytest.raises(CheckpointError, match="did not write"):
+        merge_fsdp_weights(str(mine), str(tmp_path / "merged_a"), remove_checkpoint_dir=True)
+    assert (mine / "notes.txt").read_text() == "the user's own file"
+    (mine / "notes.txt").unlink()
+    merge_fsdp_weights(str(mine), str(tmp_path / "merged_b"), remove_checkpoint_dir=True)
+    assert not mine.exists() and (tmp_path / "merged_b" / "model.safetensors").is_file()
+
+
+@pytest.mark.multiprocess
 def test_merge_weights_command_turns_shards_into_one_safetensors_model(trained, tmp_path):
     from safetensors.torch import load_file
 

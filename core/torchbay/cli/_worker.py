@@ -163,10 +163,11 @@ def die_with_launcher() -> None:
         ready, _, _ = select.select([launcher_fd, worker_fd], [], [])
         # the worker's parent-death signal may wake us before the launcher's pidfd does
         if launcher_fd in ready or _exiting(launcher):
-            if os.environ.get(RUN_DIR_ENV):  # the launcher cannot remove its run directory any more
-                import shutil
+            run_dir = os.environ.get(RUN_DIR_ENV, "")
+            if os.path.basename(run_dir).startswith("torchbay-run-"):  # the launcher's mkdtemp, which it cannot
+                import shutil                                             # remove any more; never another directory
 
-                shutil.rmtree(os.environ[RUN_DIR_ENV], ignore_errors=True)
+                shutil.rmtree(run_dir, ignore_errors=True)
             os.killpg(os.getpgrp(), signal.SIGKILL)
     finally:
         os._exit(0)

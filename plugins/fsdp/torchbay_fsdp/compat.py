@@ -7,9 +7,8 @@ errors naming the setting. ``merge_fsdp_weights`` consolidates a torchbay FSDP c
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from torchbay.errors import ConfigError
@@ -108,6 +107,8 @@ def merge_fsdp_weights(checkpoint_dir: str, output_path: str, safe_serialization
     if not safe_serialization:
         raise ConfigError("merge_fsdp_weights(safe_serialization=False): torchbay writes safetensors only")
     written = merge_weights(checkpoint_dir, output_path)
-    if remove_checkpoint_dir:
-        shutil.rmtree(os.fspath(checkpoint_dir))
+    if remove_checkpoint_dir:  # only the files the checkpoint's manifest lists: never a user's file
+        from torchbay.checkpoint_dir import remove_own_checkpoint
+
+        remove_own_checkpoint(Path(checkpoint_dir), "merge_fsdp_weights(remove_checkpoint_dir=True)")
     return written
