@@ -316,9 +316,14 @@ def dtype_byte_size(dtype: torch.dtype) -> float:
 
 
 def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
-    """``torch.load`` with ``weights_only=True`` unless told otherwise."""
-    kwargs.setdefault("weights_only", True)
-    return torch.load(f, map_location=map_location, **kwargs)
+    """``torch.load`` with ``weights_only=True``: torchbay never unpickles arbitrary classes."""
+    if kwargs.pop("weights_only", True) is not True:
+        from torchbay.errors import ConfigError
+
+        raise ConfigError("torchbay.utils.load refuses weights_only set to False: torchbay never unpickles arbitrary "
+                          "classes from a file. Save tensors and plain data, or call torch.load yourself for a "
+                          "file you trust")
+    return torch.load(f, map_location=map_location, weights_only=True, **kwargs)
 
 
 def _current_backend():
