@@ -14,6 +14,16 @@ from typing import Any
 class Contributions:
     """Merging of ``torchbay_config_sections`` and ``torchbay_accelerate_mapping`` results."""
 
+    def _results_of(self, hook: str):
+        """``(impl, plugin info, result)`` of every working plugin's ``hook``, built-ins first
+        (a plugin that fails while answering is skipped: the guard has disabled it)."""
+        for impl in getattr(self.hook, hook).get_hookimpls():
+            if self.is_failed(impl.plugin_name):
+                continue
+            found = impl.function() or {}
+            if not self.is_failed(impl.plugin_name):
+                yield impl, self.info_of(impl.plugin_name), found
+
     def config_sections(self) -> dict[str, Any]:
         """Every plugin's config section; a plugin whose section name is taken fails."""
         from pydantic import BaseModel
@@ -22,14 +32,8 @@ class Contributions:
 
         sections: dict[str, Any] = {}
         owners: dict[str, str] = {}
-        for impl in self.hook.torchbay_config_sections.get_hookimpls():  # built-ins first
-            if self.is_failed(impl.plugin_name):
-                continue
-            found = impl.function() or {}
-            if self.is_failed(impl.plugin_name):
-                continue
-            info = self.info_of(impl.plugin_name)
-            hook = "torchbay_config_sections"
+        hook = "torchbay_config_sections"
+        for impl, info, found in self._results_of(hook):
             if not isinstance(found, dict) or not all(
                     isinstance(m, type) and issubclass(m, BaseModel) for m in found.values()):
                 self._fail(info, hook, f"returned {found!r}, not a mapping of section name to pydantic model")
@@ -60,13 +64,7 @@ class Contributions:
         merged = copy.deepcopy(core)
         owners: dict[tuple[str, ...], str] = {}
         hook = "torchbay_accelerate_mapping"
-        for impl in self.hook.torchbay_accelerate_mapping.get_hookimpls():  # built-ins first
-            if self.is_failed(impl.plugin_name):
-                continue
-            found = impl.function() or {}
-            if self.is_failed(impl.plugin_name):
-                continue
-            info = self.info_of(impl.plugin_name)
+        for impl, info, found in self._results_of(hook):
             fragment = found.get(part) if isinstance(found, dict) else None
             if not isinstance(found, dict) or not isinstance(fragment or {}, dict):
                 self._fail(info, hook, f"returned {found!r}, not {{'config_import': mapping, 'api': mapping}}")
