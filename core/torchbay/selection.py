@@ -28,7 +28,7 @@ def _missing(kind: str, name: str, registry: dict[str, Any], pm, package: str) -
     return msg
 
 
-def _check(cls, context, problems: list[str], pm) -> None:
+def check_selected(cls, context, problems: list[str], pm) -> None:
     """``cls.check(context)``: a selected class's own complaints; a crash there names its plugin."""
     try:
         problems += list(cls.check(context) or [])
@@ -180,7 +180,7 @@ def build_context(resolved: ResolvedConfig, pm, cluster=None) -> RunContext:
     if device_cls is not None and strategy_cls is not None and precision_cls is not None:
         problems += core_problems(context)
         for cls in (device_cls, strategy_cls, precision_cls):
-            _check(cls, context, problems, pm)
+            check_selected(cls, context, problems, pm)
         for found in pm.hook.torchbay_validate(context=context):
             problems += list(found or [])
     chosen = (device_cls, strategy_cls, precision_cls, registries["checkpoint_io"].get(config.checkpoint.io))

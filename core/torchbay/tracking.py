@@ -219,14 +219,10 @@ def tracking_problems(context: Any) -> list[str]:
     config = context.config
     registry = registered(context.pm)
     classes, problems = select_trackers(config.tracking.log_with, registry, context.pm)
+    from torchbay.selection import check_selected
+
     for cls in classes:
-        try:
-            problems += list(cls.check(context) or [])
-        except TorchbayError:
-            raise
-        except Exception as exc:
-            plugin = getattr(cls, "_torchbay_plugin", "?")
-            problems.append(f"plugin '{plugin}' failed in {cls.__name__}.check: {type(exc).__name__}: {exc}")
+        check_selected(cls, context, problems, context.pm)
     if classes:
         base = logging_base(config)
         for cls in classes:
