@@ -166,11 +166,12 @@ def test_torchbay_test_runs_every_check_in_two_processes(tmp_path):
 # --- which rank failed first ----------------------------------------------------------------
 
 
-def failure(rank, exitcode, *, time_ns=0, consequence=False, timestamp=100):
+def failure(rank, exitcode, *, time_ns=0, consequence=False, timestamp=100, leaving_with=1):
     extra = {"py_callstack": f"Traceback (most recent call last):\n  File \"train.py\", line 1\nError{rank}\n",
              "timestamp": str(timestamp)}
     if time_ns:
-        extra.update(torchbay_time_ns=str(time_ns), torchbay_consequence="1" if consequence else "0")
+        extra.update(torchbay_time_ns=str(time_ns), torchbay_consequence="1" if consequence else "0",
+                     torchbay_exit_code=str(leaving_with))
     data = {"message": {"message": f"Error{rank}: x", "extraInfo": extra}} if time_ns else {}
     import signal as sig
 
@@ -194,3 +195,21 @@ def test_first_failure_is_the_root_cause_not_the_broken_collective():
     # a rank killed without a record comes before the ranks that died of it afterwards
     report, code = describe_failures({0: failure(0, 1, time_ns=5_000, consequence=True), 3: failure(3, -9)}, plan)
     assert report.startswith("torchbay launch: rank 3 failed first (killed by signal SIGKILL") and code == 137
+
+
+def test_a_failed_rank_stopped_while_leaving_keeps_its_own_exit_code():
+    """Seen in CI: rank 1 raised, its peers died of the broken collective and left faster, and
+    the launcher stopped rank 1 with SIGTERM while it was still leaving. Its own error and exit
+    code are the job's, not the launcher's signal."""
+    from torchbay.failures import describe_failures
+
+    plan = SimpleNamespace(num_machines=1, machine_rank=0)
+    failures = {0: failure(0, 1, time_ns=7_000, consequence=True), 2: failure(2, 1, time_ns=7_500, consequence=True),
+                1: failure(1, -15, time_ns=5_000, leaving_with=3)}
+    report, code = describe_failures(failures, plan)
+    assert report.startswith("torchbay launch: rank 1 failed first (exit code 3: Error1: x"), report
+    assert code == 3
+    assert report.endswith("every process of the job was stopped; exit code 3")
+    # a rank stopped before it recorded a failure of its own is still reported as stopped
+    report, code = describe_failures({0: failure(0, 1, time_ns=5_000), 1: failure(1, -15)}, plan)
+    assert "rank 1 (killed by signal SIGTERM, stopped by the launcher)" in report and code == 1

@@ -169,27 +169,38 @@ def _at(ns: int) -> str:
     return datetime.datetime.fromtimestamp(ns / 1e9).strftime("%H:%M:%S.%f")[:-3]
 
 
+def _exitcode(failure) -> int:
+    """The rank's exit code. A rank that recorded its own failure and was then stopped by the
+    launcher while still leaving (its peers died of it first) keeps the code it was leaving with."""
+    recorded = RankStory(-1, failure=failure).extra.get("torchbay_exit_code")
+    if failure.exitcode == -int(signal.SIGTERM) and str(recorded or "").lstrip("-").isdigit():
+        return int(recorded)
+    return failure.exitcode
+
+
 def how(failure) -> str:
-    if failure.exitcode < 0:
+    code = _exitcode(failure)
+    if code < 0:
         return f"killed by signal {failure.signal_name()}"
     data = failure.error_file_data or {}
     message = data.get("message") if isinstance(data, dict) else None
     if isinstance(message, dict) and message.get("message"):
         text = str(message["message"]).splitlines()[0]
-        return f"exit code {failure.exitcode}: {text[:300]}"
-    return f"exit code {failure.exitcode}"
+        return f"exit code {code}: {text[:300]}"
+    return f"exit code {code}"
 
 
 def exit_code(failure) -> int:
-    if failure.exitcode < 0:
-        return 128 + (-failure.exitcode)
-    return failure.exitcode or 1
+    code = _exitcode(failure)
+    if code < 0:
+        return 128 + (-code)
+    return code or 1
 
 
 def _note(story: RankStory) -> str:
     if story.consequence:
         return ", a consequence of the first failure"
-    if story.failure is not None and story.failure.exitcode < 0 and story.failure.signal_name() == "SIGTERM":
+    if story.failure is not None and _exitcode(story.failure) == -int(signal.SIGTERM):
         return ", stopped by the launcher"
     return ""
 

@@ -39,8 +39,12 @@ def is_consequence(exc: BaseException) -> bool:
     return type(exc).__name__ in CONSEQUENCE_TYPES or any(m in text for m in CONSEQUENCE_MARKERS)
 
 
-def record_failure(exc: BaseException, when_ns: int) -> None:
+def record_failure(exc: BaseException, when_ns: int, exit_code: int) -> None:
     """Write torch elastic's error file for ``exc`` (call inside the ``except`` block).
+
+    ``exit_code`` is the code the rank is about to leave with: the launcher may stop the rank
+    with SIGTERM while it is still leaving (its peers died of its failure faster), and then
+    reports this code rather than the signal.
 
     The record has the layout of ``ErrorHandler.record_exception`` (what ``@record`` writes
     and the elastic agent reads back into ``ProcessFailure``); it is written here directly so
@@ -56,7 +60,8 @@ def record_failure(exc: BaseException, when_ns: int) -> None:
                         "extraInfo": {"py_callstack": traceback.format_exc(),
                                       "timestamp": str(when_ns // 10**9),
                                       "torchbay_time_ns": str(when_ns),
-                                      "torchbay_consequence": "1" if is_consequence(exc) else "0"}}}
+                                      "torchbay_consequence": "1" if is_consequence(exc) else "0",
+                                      "torchbay_exit_code": str(exit_code)}}}
     try:
         with open(path, "w") as fp:
             json.dump(data, fp)
@@ -289,18 +294,18 @@ def main() -> int:
         if exc.code in (None, 0):
             record_exit(0)
             return 0
-        record_failure(exc, time.time_ns())
+        code = exc.code if isinstance(exc.code, int) else 1
+        record_failure(exc, time.time_ns(), code)
         collect_peer_stacks()
-        record_exit(exc.code if isinstance(exc.code, int) else 1)
+        record_exit(code)
         release_process_group()
-        if isinstance(exc.code, int):
-            fast_exit(exc.code, stop_own_children)
-        print(exc.code, file=sys.stderr)
-        fast_exit(1, stop_own_children)
+        if not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+        fast_exit(code, stop_own_children)
     except BaseException as exc:
-        record_failure(exc, time.time_ns())
-        collect_peer_stacks()
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        record_failure(exc, time.time_ns(), code)
+        collect_peer_stacks()
         record_exit(code)
         release_process_group()
         tb = _user_frames(exc.__traceback__) or exc.__traceback__
