@@ -1,102 +1,237 @@
-"""save_state / load_state beside plain safetensors + torch.save on the same model and AdamW state.
+"""save_state / load_state beside plain safetensors + torch.save (and Accelerate) on the same
+model and AdamW state.
 
-torchbay writes under <dir>.partial, fsyncs every file, records an xxh3-128 checksum per file
-in the manifest and publishes with a rename; load verifies every checksum first. The
-baseline writes model.safetensors and optimizer.pt with no fsync ("raw"), and once more
-with an fsync of both files ("raw+fsync", what durability costs on this disk by itself).
-Rounds alternate so that machine noise hits each the same; ratios are medians of rounds.
+- raw: ``safetensors.torch.save_file(model.state_dict())`` + ``torch.save(optimizer.state_dict())``
+  (no fsync); load: ``model.load_state_dict(load_file(...))`` +
+  ``optimizer.load_state_dict(torch.load(..., weights_only=True))``;
+- accelerate (when installed): ``accelerate.Accelerator().save_state`` / ``load_state`` on the
+  model and optimizer it prepared;
+- torchbay: ``Accelerator().save_state`` / ``load_state``: written under ``<dir>.partial``,
+  every file fsync'ed and recorded with its xxh3-128 checksum in the manifest, published with a
+  rename; load verifies every checksum before anything is restored.
 
-    python benchmarks/bench_checkpoint.py [--mb 200] [--rounds 5]
+Times are measured in this process, in interleaved rounds; every save starts with the page
+cache written back (``os.sync()``, not timed), into a new directory. Peak memory of a load is
+measured in a fresh interpreter per contender and round (build, prepare, ``gc.collect()``, then
+the high-water mark of resident memory above the start during the load), so that no contender
+pays for another's garbage. Before every load the weights and optimizer state are changed;
+after it they must equal what was saved, bit for bit (the benchmark stops if not).
+
+    python benchmarks/bench_checkpoint.py [--mb 200] [--rounds 5] [--memory-rounds 3]
 """
 
+from __future__ import annotations
+
 import argparse
+import gc
+import hashlib
+import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
-import time
 
 import torch
-from safetensors.torch import load_file, save_file
 
-from torchbay import Accelerator
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import (Path, accelerate_available, interleaved, peak_rss_above_start, python_child, report,  # noqa: E402
+                    timed)
+
+WIDTH = 1024
 
 
 def build(mb: int):
-    width = 1024
-    layers = max(1, int(mb * 2**20 / 4 / (width * width + width)))
+    """A stack of Linear(1024) of about ``mb`` MiB and its AdamW after one step (state: 2x the model)."""
+    layers = max(1, int(mb * 2**20 / 4 / (WIDTH * WIDTH + WIDTH)))
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(2, width)).sum().backward()
-    optimizer.step()  # AdamW state: two tensors per parameter, 2x the model
+    model(torch.randn(2, WIDTH)).sum().backward()
+    optimizer.step()
     return model, optimizer
 
 
-def raw_save(model, optimizer, directory, sync):
+def tensors_of(model, optimizer) -> list[torch.Tensor]:
+    """Every tensor a load restores: the weights, then each optimizer state tensor."""
+    out = [p.detach() for p in model.parameters()]
+    opt = getattr(optimizer, "optimizer", optimizer)  # Accelerate's and torchbay's wrappers
+    for group in opt.param_groups:
+        for p in group["params"]:
+            out += [v for _, v in sorted(opt.state[p].items()) if isinstance(v, torch.Tensor)]
+    return out
+
+
+def fingerprint(model, optimizer) -> str:
+    digest = hashlib.sha256()
+    for t in tensors_of(model, optimizer):
+        digest.update(t.contiguous().view(-1).view(torch.uint8).numpy().data)
+    return digest.hexdigest()
+
+
+def perturb(model, optimizer) -> None:
+    """Change every restored value, so that a load that restores nothing is caught."""
+    with torch.no_grad():
+        for t in tensors_of(model, optimizer):
+            t.add_(1)
+
+
+# --- the contenders --------------------------------------------------------------------------
+
+
+def raw_save(model, optimizer, directory: str) -> None:
+    from safetensors.torch import save_file
+
     os.makedirs(directory)
     save_file(model.state_dict(), os.path.join(directory, "model.safetensors"))
     torch.save(optimizer.state_dict(), os.path.join(directory, "optimizer.pt"))
-    if sync:
-        for name in ("model.safetensors", "optimizer.pt"):
-            with open(os.path.join(directory, name), "rb") as f:
-                os.fsync(f.fileno())
 
 
-def raw_load(model, optimizer, directory):
+def raw_load(model, optimizer, directory: str) -> None:
+    from safetensors.torch import load_file
+
     model.load_state_dict(load_file(os.path.join(directory, "model.safetensors")))
     optimizer.load_state_dict(torch.load(os.path.join(directory, "optimizer.pt"), weights_only=True))
 
 
-def timed(fn):
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def prepared(contender: str, mb: int, **config):
+    """(model, optimizer, accelerator) for ``contender``, built from the same seed."""
+    model, optimizer = build(mb)
+    if contender == "raw":
+        return model, optimizer, None
+    if contender == "accelerate":
+        import accelerate
+
+        acc = accelerate.Accelerator(cpu=True)
+    else:
+        from torchbay import Accelerator
+
+        acc = Accelerator(config=config) if config else Accelerator()
+    model, optimizer = acc.prepare(model, optimizer)
+    return model, optimizer, acc
+
+
+def save(contender, model, optimizer, acc, directory):
+    if contender == "raw":
+        raw_save(model, optimizer, directory)
+    else:
+        acc.save_state(directory)
+
+
+def load(contender, model, optimizer, acc, directory):
+    if contender == "raw":
+        raw_load(model, optimizer, directory)
+    else:
+        acc.load_state(directory)
+
+
+def child(contender: str, mb: str, directory: str, expected: str) -> None:
+    """One load in this fresh interpreter: prints its peak resident memory above the start."""
+    torch.set_num_threads(1)
+    model, optimizer, acc = prepared(contender, int(mb))
+    perturb(model, optimizer)
+    gc.collect()
+    peak = peak_rss_above_start(lambda: load(contender, model, optimizer, acc, directory))
+    if fingerprint(model, optimizer) != expected:
+        raise SystemExit(f"{contender}: after load_state the weights or optimizer state differ from what was saved")
+    print(json.dumps({"peak": peak}))
+
+
+CHILD = "import sys; sys.path.insert(0, 'benchmarks'); import bench_checkpoint as b; b.child(*sys.argv[1:])"
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=200, help="model size; AdamW state is twice that")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=3, help="unmeasured rounds first (a VM's page cache "
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds of save and load")
+    parser.add_argument("--memory-rounds", type=int, default=3, help="rounds of fresh-process loads")
+    parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first (a VM's page cache "
                         "is slow to write into memory it has never touched)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    acc = Accelerator()
-    model, optimizer = build(args.mb)
-    model, optimizer = acc.prepare(model, optimizer)
+    names = ["raw"] + (["accelerate"] if accelerate_available() else []) + ["torchbay"]
+    objects = {name: prepared(name, args.mb) for name in names}
+    # the same prepared objects, loaded without the checksum verification
+    from torchbay import Accelerator
+
     unverified = Accelerator(config={"checkpoint": {"verify": False}})
-    unverified._models, unverified._optimizers = acc._models, acc._optimizers  # the same prepared objects
+    tb_model, tb_optimizer, tb_acc = objects["torchbay"]
+    unverified._models, unverified._optimizers = tb_acc._models, tb_acc._optimizers
+    expected = fingerprint(*objects["raw"][:2])
+    assert all(fingerprint(*objects[n][:2]) == expected for n in names), "contenders built different models"
+
     work = tempfile.mkdtemp(prefix="bench_checkpoint_", dir=os.environ.get("BENCH_DIR"))
-    times = {k: [] for k in ("raw save", "raw+fsync save", "torchbay save", "raw load", "torchbay load", "... verify off")}
+    latest: dict[str, str] = {}
+    counter = [0]
+
+    def saver(name):
+        def run() -> float:
+            old = latest.get(name)
+            counter[0] += 1
+            latest[name] = os.path.join(work, f"{name}_{counter[0]}")
+            if old:
+                shutil.rmtree(old)  # the benchmark's own scratch directory
+            os.sync()
+            return timed(lambda: save(name, *objects[name], latest[name]))
+        return run
+
+    def loader(name, directory_of=None, objs=None):
+        def run() -> float:
+            model, optimizer, acc = objs or objects[name]
+            perturb(model, optimizer)
+            seconds = timed(lambda: load(name, model, optimizer, acc, latest[directory_of or name]))
+            if fingerprint(model, optimizer) != expected:
+                raise SystemExit(f"{name}: after load_state the weights or optimizer state differ from what was saved")
+            return seconds
+        return run
+
     try:
-        for r in range(args.warmup + args.rounds):
-            raw_dir, synced_dir, ours = (os.path.join(work, n) for n in ("raw", "synced", "ours"))
-            for path in (raw_dir, synced_dir):
-                shutil.rmtree(path, ignore_errors=True)  # the benchmark's own scratch directories
-            cases = [("raw save", lambda: raw_save(model, optimizer, raw_dir, False)),
-                     ("raw+fsync save", lambda: raw_save(model, optimizer, synced_dir, True)),
-                     ("torchbay save", lambda: acc.save_state(ours))]
-            for name, fn in (cases if r % 2 == 0 else cases[::-1]):
-                seconds = timed(fn)
-                if r >= args.warmup:
-                    times[name].append(seconds)
-            loads = [("raw load", lambda: raw_load(model, optimizer, raw_dir)),
-                     ("torchbay load", lambda: acc.load_state(ours)),
-                     ("... verify off", lambda: unverified.load_state(ours))]
-            for name, fn in (loads if r % 2 == 0 else loads[::-1]):
-                seconds = timed(fn)
-                if r >= args.warmup:
-                    times[name].append(seconds)
+        synced = []
+
+        def raw_fsync() -> float:
+            directory = os.path.join(work, "raw_fsync")
+            shutil.rmtree(directory, ignore_errors=True)
+            os.sync()
+
+            def run():
+                raw_save(*objects["raw"][:2], directory)
+                for name in ("model.safetensors", "optimizer.pt"):
+                    with open(os.path.join(directory, name), "rb") as f:
+                        os.fsync(f.fileno())
+            synced.append(timed(run))
+            return synced[-1]
+
+        saves = interleaved({**{n: saver(n) for n in names}, "raw+fsync": raw_fsync}, args.rounds, args.warmup)
+        synced_ratio = statistics.median(s / r for s, r in zip(saves.pop("raw+fsync"), saves["raw"]))
+        loads = interleaved({**{n: loader(n) for n in names},
+                             "verify off": loader("torchbay", "torchbay", (tb_model, tb_optimizer, unverified))},
+                            args.rounds, 1)
+        unverified_loads = loads.pop("verify off")
+
+        def in_child(name):
+            def run() -> float:
+                out = python_child(CHILD, name, str(args.mb), latest[name], expected)
+                return float(json.loads(out.strip().splitlines()[-1])["peak"])
+            return run
+
+        peaks = interleaved({n: in_child(n) for n in names}, args.memory_rounds, 0)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    size = sum(p.numel() for p in model.parameters()) * 4 / 2**20
-    print(f"model {size:.0f} MiB + AdamW state {2 * size:.0f} MiB, {args.rounds} alternating rounds (median s)")
-    print(f"{'case':<18}{'seconds':>9}{'ratio to raw':>14}")
-    for name, values in times.items():
-        base = times["raw save" if "save" in name else "raw load"]
-        ratios = [v / b for v, b in zip(values, base)]
-        print(f"{name:<18}{statistics.median(values):>9.3f}{statistics.median(ratios):>14.3f}")
+
+    size = sum(p.numel() for p in objects["raw"][0].parameters()) * 4 / 2**20
+    paths = [
+        Path("save_state time", saves, target="<= 1.00x"),
+        Path("load_state time", loads, target="<= 1.00x"),
+        Path("load_state time, torchbay with checkpoint.verify: false", {**loads, "torchbay": unverified_loads},
+             note="Accelerate never verifies"),
+        Path("load_state peak memory above the start", peaks, target="<= 1.00x", unit="B",
+             note="fresh process per load"),
+    ]
+    description = (f"Model {size:.0f} MiB (Linear({WIDTH}) layers) + AdamW state {2 * size:.0f} MiB, 1 thread. "
+                   f"torchbay fsyncs every file it writes; raw with an fsync of both files took "
+                   f"{synced_ratio:.2f}x raw on this disk. Weights and optimizer state after every load are "
+                   f"bit-identical to what was saved (checked).")
+    report("Checkpoints: save_state / load_state", paths, description=description, rounds=args.rounds)
 
 
 if __name__ == "__main__":
