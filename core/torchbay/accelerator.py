@@ -33,6 +33,9 @@ from torchbay.selection import build_context
 from torchbay.state import AcceleratorState, DistributedType, PartialState, distributed_type_for, \
     register_process_group_owner
 from torchbay.utils import set_seed
+
+#: what ``accumulate`` returns on a micro-batch that syncs (a nullcontext can be entered again and again)
+_SYNC_STEP = contextlib.nullcontext()
 from torchbay.wrappers import GradientState, PreparedOptimizer, PreparedScheduler
 
 
@@ -207,15 +210,18 @@ class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
         self.strategy.backward(self.precision.scale_loss(loss), sync_gradients=self.gradient_state.sync_gradients,
                                **kwargs)
 
-    @contextlib.contextmanager
     def accumulate(self, *models: Any):
-        """Accumulate gradients locally until the last micro-batch of the window, then sync."""
+        """Accumulate gradients locally until the last micro-batch of the window, then sync.
+
+        Called once per step: a micro-batch that syncs gets one shared empty context (no
+        generator, no exit stack), the others the strategy's ``no_sync`` of every model."""
         sync = self.gradient_state.advance()
-        with contextlib.ExitStack() as stack:
-            if not sync and not self.gradient_state.sync_each_batch:
-                for model in models:
-                    stack.enter_context(self.strategy.no_sync(model))
-            yield
+        if sync or self.gradient_state.sync_each_batch or not models:
+            return _SYNC_STEP
+        stack = contextlib.ExitStack()
+        for model in models:
+            stack.enter_context(self.strategy.no_sync(model))
+        return stack
 
     @contextlib.contextmanager
     def no_sync(self, model: Any):

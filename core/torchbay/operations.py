@@ -240,8 +240,13 @@ def listify(data: Any) -> Any:
     return recursively_apply(lambda t: t.tolist() if t.ndim else t.item(), data)
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
 def convert_to_fp32(tensor: Any) -> Any:
     """Cast every fp16/bf16 tensor of a nested structure to fp32 (others unchanged)."""
+    if type(tensor) is torch.Tensor:  # the common case, every step: no recursion
+        return tensor.float() if tensor.dtype in _HALF else tensor
     return recursively_apply(lambda t: t.float(), tensor,
                              test_type=lambda t: torch.is_tensor(t) and t.dtype in (torch.float16, torch.bfloat16))
 
