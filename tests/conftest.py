@@ -2,28 +2,10 @@ import os
 
 import pytest
 
-from torchbay.plugins import reset_plugin_manager
+from torchbay.testing.pytest_fixtures import clean_torchbay_env  # noqa: F401 (autouse)
 
 HERE = os.path.dirname(__file__)
 SCRIPTS = os.path.join(HERE, "scripts")
-
-
-@pytest.fixture(autouse=True)
-def _clean_torchbay_env(monkeypatch, request):
-    """Each test starts with no TORCHBAY_* settings, a fresh plugin manager and no process group."""
-    import warnings
-
-    import torch.distributed as dist
-
-    for name in list(os.environ):
-        if name.startswith("TORCHBAY_"):
-            monkeypatch.delenv(name)
-    reset_plugin_manager(None)
-    yield
-    reset_plugin_manager(None)
-    if dist.is_available() and dist.is_initialized():  # a test that forgot end_training: keep it from the next
-        dist.destroy_process_group()
-        warnings.warn(f"{request.node.nodeid} left a process group initialized (call accelerator.end_training())")
 
 
 @pytest.fixture

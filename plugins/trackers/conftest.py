@@ -1,27 +1,12 @@
-"""Shared fixtures of the tracker plugins' tests: a clean torchbay environment per test, and
-``launches``: two real 2-process runs (gloo) of :mod:`torchbay.testing.tracking_run`, the second
+"""Shared fixtures of the tracker plugins' tests: a clean torchbay environment per test (the
+core suite's fixture), and ``launches``: two real 2-process runs (gloo) of :mod:`torchbay.testing.tracking_run`, the second
 resuming from the first's saved state."""
 
 import json
-import os
 
 import pytest
 
-from torchbay.plugins import reset_plugin_manager
-
-
-@pytest.fixture(autouse=True)
-def _clean_torchbay_env(monkeypatch):
-    import torch.distributed as dist
-
-    for name in list(os.environ):
-        if name.startswith("TORCHBAY_"):
-            monkeypatch.delenv(name)
-    reset_plugin_manager(None)
-    yield
-    reset_plugin_manager(None)
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+from torchbay.testing.pytest_fixtures import clean_torchbay_env  # noqa: F401 (autouse)
 
 
 @pytest.fixture
