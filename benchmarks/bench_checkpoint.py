@@ -17,7 +17,7 @@ the high-water mark of resident memory above the start during the load), so that
 pays for another's garbage. Before every load the weights and optimizer state are changed;
 after it they must equal what was saved, bit for bit (the benchmark stops if not).
 
-    python benchmarks/bench_checkpoint.py [--mb 200] [--rounds 5] [--memory-rounds 3]
+    python benchmarks/bench_checkpoint.py [--mb 200] [--rounds 7] [--memory-rounds 3]
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ CHILD = "import sys; sys.path.insert(0, 'benchmarks'); import bench_checkpoint a
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=200, help="model size; AdamW state is twice that")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds of save and load")
+    parser.add_argument("--rounds", type=int, default=7, help="timed rounds of save and load")
     parser.add_argument("--memory-rounds", type=int, default=3, help="rounds of fresh-process loads")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first (a VM's page cache "
                         "is slow to write into memory it has never touched)")
@@ -225,7 +225,7 @@ def main():
         Path("load_state time, torchbay with checkpoint.verify: false", {**loads, "torchbay": unverified_loads},
              note="Accelerate never verifies"),
         Path("load_state peak memory above the start", peaks, target="<= 1.00x", unit="B",
-             note="fresh process per load"),
+             note=f"a fresh process per load, {args.memory_rounds} rounds"),
     ]
     description = (f"Model {size:.0f} MiB (Linear({WIDTH}) layers) + AdamW state {2 * size:.0f} MiB, 1 thread. "
                    f"torchbay fsyncs every file it writes; raw with an fsync of both files took "

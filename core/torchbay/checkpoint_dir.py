@@ -40,36 +40,285 @@ KINDS = ("state", "model")
 # --- files ------------------------------------------------------------------------------
 
 
+#: bytes hashed from the mapping before its pages are dropped again: reading a large file must
+#: not raise the process's resident memory by the file's size (it counts against a load's peak)
+HASH_CHUNK = 8 << 20
+
+
+def file_digest(fp) -> str:
+    """xxh3-128 of the open file ``fp``, read from the page cache without a copy and without
+    keeping the file resident in this process (each chunk's pages are dropped once hashed).
+    Hashing runs without the GIL where it can (:class:`_Hasher`), so a load's other reading
+    goes on beside it."""
+    hasher = _Hasher()
+    size = os.fstat(fp.fileno()).st_size
+    if not size:
+        return hasher.hexdigest()
+    with mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        data = memoryview(view)
+        try:
+            for start in range(0, size, HASH_CHUNK):
+                hasher.update(data[start:start + HASH_CHUNK])
+                if _MADV_DONTNEED is not None:  # a read-only file mapping: the pages stay in the page cache
+                    view.madvise(_MADV_DONTNEED, start, min(HASH_CHUNK, size - start))
+        finally:
+            data.release()
+    return hasher.hexdigest()
+
+
+class _Hasher:
+    """Streaming xxh3-128, the same digest as ``xxhash.xxh3_128().hexdigest()``.
+
+    The ``xxhash`` module keeps the GIL while it hashes; its extension also exports xxHash's C
+    functions, which ctypes calls without the GIL. Where they cannot be found, the module is used.
+    """
+
+    _lib: Any = None
+    _loaded = False
+
+    def __init__(self):
+        lib = self._c_library()
+        self._state = lib.XXH3_createState() if lib is not None else None
+        if self._state:
+            lib.XXH3_128bits_reset(self._state)
+        else:
+            import xxhash
+
+            self._digest = xxhash.xxh3_128()
+
+    @classmethod
+    def _c_library(cls):
+        with _recorded_lock:
+            if not cls._loaded:
+                cls._find_c_library()
+                cls._loaded = True
+        return cls._lib
+
+    @classmethod
+    def _find_c_library(cls) -> None:
+        try:
+            import ctypes
+
+            import numpy  # noqa: F401  (addresses of read-only buffers)
+            import xxhash
+            import xxhash._xxhash as ext
+
+            lib = ctypes.CDLL(ext.__file__)
+
+            class Hash128(ctypes.Structure):
+                _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
+
+            lib.XXH3_createState.restype = ctypes.c_void_p
+            lib.XXH3_128bits_reset.argtypes = [ctypes.c_void_p]
+            lib.XXH3_128bits_update.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+            lib.XXH3_128bits_digest.argtypes = [ctypes.c_void_p]
+            lib.XXH3_128bits_digest.restype = Hash128
+            lib.XXH3_freeState.argtypes = [ctypes.c_void_p]
+            state = lib.XXH3_createState()
+            lib.XXH3_128bits_reset(state)
+            lib.XXH3_128bits_update(state, b"torchbay", 8)
+            value = lib.XXH3_128bits_digest(state)
+            lib.XXH3_freeState(state)
+            if f"{value.high64:016x}{value.low64:016x}" == xxhash.xxh3_128(b"torchbay").hexdigest():
+                cls._lib = lib
+        except Exception:  # no exported symbols, no numpy, no ctypes: the module does it
+            cls._lib = None
+
+    def update(self, data) -> None:
+        if self._state:
+            import numpy
+
+            array = numpy.frombuffer(data, dtype=numpy.uint8)
+            self._lib.XXH3_128bits_update(self._state, array.ctypes.data, array.nbytes)
+            del array
+        else:
+            self._digest.update(data)
+
+    def __del__(self):
+        state, self._state = getattr(self, "_state", None), None
+        if state and self._lib is not None:
+            self._lib.XXH3_freeState(state)
+
+    def hexdigest(self) -> str:
+        if not self._state:
+            return self._digest.hexdigest()
+        state, self._state = self._state, None
+        try:
+            value = self._lib.XXH3_128bits_digest(state)
+        finally:
+            self._lib.XXH3_freeState(state)
+        return f"{value.high64:016x}{value.low64:016x}"
+
+
+_MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", None) if hasattr(mmap.mmap, "madvise") else None
+
+
 def file_record(path: Path, sync: bool = True) -> dict[str, Any]:
     """Size and xxh3-128 of one file, fsync'ed to disk first when ``sync``."""
-    import xxhash
-
-    digest = xxhash.xxh3_128()
     with open(path, "rb") as fp:
         if sync:
             os.fsync(fp.fileno())
         size = os.fstat(fp.fileno()).st_size
-        if size:  # hashed straight from the page cache, no copy
-            with mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                data = memoryview(view)
-                try:
-                    digest.update(data)
-                finally:
-                    data.release()
-    return {"size": size, "xxh3_128": digest.hexdigest()}
+        return {"size": size, "xxh3_128": file_digest(fp)}
+
+
+# records of files fsync'ed and hashed right after they were written (by :func:`record_now`, in
+# the thread that wrote them, while other files are still being written), keyed by path; a
+# record is used only while the file is still the one that was hashed (same inode, size, mtime)
+_recorded: dict[str, tuple[tuple, dict[str, Any]]] = {}
+_recorded_lock = threading.Lock()
+
+
+def _identity(path: Path) -> tuple:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def record_now(directory: Path, names: Iterable[str]) -> list[str]:
+    """fsync and hash ``names`` now (right after writing them); :func:`record_files` reuses the records."""
+    names = list(names)
+    for name in names:
+        path = directory / name
+        record = file_record(path)
+        with _recorded_lock:
+            _recorded[str(path.absolute())] = (_identity(path), record)
+    return names
+
+
+def _recorded_or_new(path: Path, sync: bool) -> dict[str, Any]:
+    with _recorded_lock:
+        known = _recorded.pop(str(path.absolute()), None)
+    if known is not None and known[0] == _identity(path):
+        return known[1]
+    return file_record(path, sync)
+
+
+class RecordingWriter:
+    """A new file written through ``write``: hashed as the bytes pass, sent to disk while it
+    grows (``sync_file_range`` on Linux, so that the final fsync has little left to do),
+    fsync'ed on :meth:`close` and recorded for :func:`record_files` (no second read)."""
+
+    KICK = 8 << 20  # bytes written between two requests to start writing back
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._file = open(self.path, "wb", buffering=0)
+        self._hasher = _Hasher()
+        self._size = self._kicked = 0
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self._hasher.update(view)
+        written = 0
+        while written < len(view):  # a raw file may write less than asked
+            written += self._file.write(view[written:])
+        self._size += written
+        if self._size - self._kicked >= self.KICK:
+            _start_writeback(self._file.fileno(), self._kicked, self._size - self._kicked)
+            self._kicked = self._size
+        return written
+
+    def flush(self) -> None:
+        pass  # unbuffered
+
+    def close(self) -> dict[str, Any]:
+        try:
+            os.fsync(self._file.fileno())
+        finally:
+            self._file.close()
+        record = {"size": self._size, "xxh3_128": self._hasher.hexdigest()}
+        if os.stat(self.path).st_size != self._size:
+            raise CheckpointError(f"{self.path} has {os.stat(self.path).st_size} bytes after writing {self._size}")
+        with _recorded_lock:
+            _recorded[str(self.path.absolute())] = (_identity(self.path), record)
+        return record
+
+    def abort(self) -> None:
+        self._file.close()
+
+
+def write_recorded(path: Path, write) -> str:
+    """``write(file)`` into the new file ``path`` through a :class:`RecordingWriter`; its name."""
+    writer = RecordingWriter(path)
+    try:
+        write(writer)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    return Path(path).name
+
+
+_crc_lock = threading.Lock()
+_crc_users = 0
+
+
+def torch_save_recorded(obj: Any, path: Path) -> str:
+    """``torch.save(obj, path)`` through a :class:`RecordingWriter`; the file's name.
+
+    The zip records are written without their CRC-32 (``torch.serialization.set_crc32_options``,
+    torch >= 2.6; ``torch.load`` does not check it): computing it took more than half of the
+    time of a large ``torch.save``, and the manifest's xxh3-128 of the whole file, checked on
+    every load, is the stronger check. The option is torch's process-wide setting; it is off
+    only while torchbay's own saves run and restored after them.
+    """
+    import torch
+
+    global _crc_users
+    get = getattr(torch.serialization, "get_crc32_options", None)
+    set_ = getattr(torch.serialization, "set_crc32_options", None)
+    with _crc_lock:
+        if get is not None and set_ is not None:
+            if _crc_users == 0:
+                _torch_save_crc[0] = get()
+                set_(False)
+            _crc_users += 1
+    try:
+        return write_recorded(path, lambda file: torch.save(obj, file))
+    finally:
+        with _crc_lock:
+            if get is not None and set_ is not None:
+                _crc_users -= 1
+                if _crc_users == 0:
+                    set_(_torch_save_crc[0])
+
+
+_torch_save_crc = [True]
+
+
+_sync_file_range: Any = None
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing ``length`` bytes at ``offset`` to disk, without waiting."""
+    global _sync_file_range
+    if _sync_file_range is None:
+        _sync_file_range = False
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            function = libc.sync_file_range
+            function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+            _sync_file_range = function
+        except (OSError, AttributeError):
+            pass
+    if _sync_file_range:
+        _sync_file_range(fd, offset, length, 2)  # SYNC_FILE_RANGE_WRITE; a failure only loses the head start
 
 
 def _parallel(fn, items: list, threads: int = 4) -> list:
     if len(items) <= 1:
         return [fn(i) for i in items]
-    with ThreadPoolExecutor(max_workers=min(threads, len(items))) as pool:  # hashing and fsync release the GIL
+    with ThreadPoolExecutor(max_workers=min(threads, len(items))) as pool:  # fsync releases the GIL
         return list(pool.map(fn, items))
 
 
 def record_files(directory: Path, names: Iterable[str], sync: bool = True) -> dict[str, dict[str, Any]]:
-    """Manifest records of ``names`` (relative to ``directory``), fsync'ed in parallel."""
+    """Manifest records of ``names`` (relative to ``directory``), fsync'ed in parallel (files that
+    :func:`record_now` recorded as they were written are not read again)."""
     names = sorted(set(names))
-    records = _parallel(lambda n: file_record(directory / n, sync), names)
+    records = _parallel(lambda n: _recorded_or_new(directory / n, sync), names)
     return dict(zip(names, records))
 
 

@@ -34,8 +34,16 @@ class CheckpointIO:
 
     def load_state_dict(self, directory: Path, stem: str, device: str = "cpu",
                         template: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """Read ``stem``; a collective io may load in place into ``template`` (the model's own state)."""
+        """Read ``stem``; an io may load in place into ``template`` (the model's own state, from
+        ``state_dict()``) and return it, instead of a second copy of the weights."""
         raise NotImplementedError
+
+    def in_place_reads(self, directory: Path, stem: str, template: dict[str, torch.Tensor]) -> list | None:
+        """The reads (:class:`torchbay.checkpoint_inplace.Read`) that restore ``stem`` into the
+        tensors of ``template`` (a module's ``state_dict()``), planned without changing anything;
+        ``None`` when this io cannot (``load_state_dict`` is used). torchbay plans them beside
+        the checksum verification and runs them once the files are verified."""
+        return None
 
     def exists(self, directory: Path, stem: str) -> bool:
         raise NotImplementedError

@@ -39,8 +39,7 @@ AUTOMATIC_NAME = re.compile(r"checkpoint_(\d+)")
 
 
 def _torch_save(obj: Any, path: Path) -> str:
-    torch.save(obj, path)
-    return path.name
+    return ckdir.torch_save_recorded(obj, path)  # fsync'ed and hashed as it is written
 
 
 def publish_model(state: dict[str, torch.Tensor], final: Path, max_shard_size: str, fields: dict[str, Any],

@@ -35,20 +35,22 @@ def _refused_global(exc: Exception) -> str | None:
 
 
 def safe_torch_load(source: Path | str | IO[bytes], what: str, *, allowed: Iterable[Any] = (),
-                    trusted: bool = False, map_location: Any = "cpu") -> Any:
+                    trusted: bool = False, map_location: Any = "cpu", mmap: bool = False) -> Any:
     """``torch.load`` that never executes code from ``source`` (tensors on CPU by default).
 
     ``allowed`` lists extra classes (objects, not names) the format needs; torch rebuilds
-    them from their saved attributes without calling anything else.
+    them from their saved attributes without calling anything else. ``mmap`` maps a file instead
+    of reading it: its tensors stay on disk until they are used.
     """
     name = source if isinstance(source, (str, Path)) else getattr(source, "name", "<stream>")
     if isinstance(source, (str, Path)) and not Path(source).exists():
         raise CheckpointError(f"{what}: {Path(source).name} is missing from {Path(source).parent}")
+    extra = {"mmap": True} if mmap else {}
     try:
-        if trusted:
-            return torch.load(source, map_location=map_location, weights_only=False)  # the user's explicit opt-out
+        if trusted:  # the user's explicit opt-out
+            return torch.load(source, map_location=map_location, weights_only=False, **extra)
         with torch.serialization.safe_globals(list(allowed)):
-            return torch.load(source, map_location=map_location, weights_only=True)
+            return torch.load(source, map_location=map_location, weights_only=True, **extra)
     except pickle.UnpicklingError as exc:
         refused = _refused_global(exc)
         if refused:

@@ -343,19 +343,25 @@ class Strategy:
         """
         from concurrent.futures import ThreadPoolExecutor
 
+        from torchbay.checkpoint_dir import record_now
+
         written: list[str] = []
         model_states = [self.model_state_dict(m) for m in models]
-        with ThreadPoolExecutor(max_workers=1) as pool:  # optimizer files are written beside the weights
+        # optimizer files are written beside the weights; each file is fsync'ed and hashed for the
+        # manifest by the thread that wrote it, as soon as it is written
+        with ThreadPoolExecutor(max_workers=1) as pool:
             optimizer_files = pool.submit(self._save_optimizers, directory, optimizers if self.rank == 0 else [])
             if io.collective or self.rank == 0:
                 for i, state in enumerate(model_states):
-                    written += io.save_state_dict(state, directory, f"model_{i}")
+                    written += record_now(directory, io.save_state_dict(state, directory, f"model_{i}"))
             return written + optimizer_files.result()
 
     @staticmethod
     def _save_optimizers(directory: Path, optimizers: list) -> list[str]:
+        from torchbay.checkpoint_dir import torch_save_recorded
+
         for i, opt in enumerate(optimizers):
-            torch.save(opt.state_dict(), directory / f"optimizer_{i}.pt")
+            torch_save_recorded(opt.state_dict(), directory / f"optimizer_{i}.pt")
         return [f"optimizer_{i}.pt" for i in range(len(optimizers))]
 
     def read_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO, *,
@@ -364,41 +370,77 @@ class Strategy:
 
         torchbay runs it beside the checkpoint's checksum verification and passes the result
         to ``load_checkpoint(..., read=...)`` once every rank has verified its files. The
-        default reads the model weights of the default ``load_checkpoint`` (optimizer state
-        is read later, one optimizer at a time, so the two never sit in memory together).
+        default reads only the structure: the safetensors headers checked against each model
+        (``io.in_place_reads``) and each optimizer's state dict with its tensors left on disk
+        (:func:`torchbay.checkpoint_inplace.plan_optimizer`); ``load_checkpoint`` then reads every
+        tensor straight into the prepared objects, so the state is never held twice in memory.
         """
+        from torchbay.checkpoint_inplace import plan_optimizer
+
         if type(self).load_checkpoint is not Strategy.load_checkpoint:
             return None  # a strategy with its own load_checkpoint reads for itself
-        return [None if io.collective else io.load_state_dict(directory, f"model_{i}", device="cpu")
-                for i in range(len(models))]
+        models_ahead = [None if io.collective else
+                        io.in_place_reads(directory, f"model_{i}", self.unwrap_model(m).state_dict())
+                        for i, m in enumerate(models)]
+        optimizers_ahead = [plan_optimizer(opt, directory / f"optimizer_{i}.pt", f"optimizer {i}", trusted=io.trusted)
+                            for i, opt in enumerate(optimizers)]
+        return _ReadAhead(models_ahead, optimizers_ahead)
 
     def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO,
                         read: Any = None, *, owners: list[int | None] | None = None) -> None:
-        """Restore models and optimizers from ``directory`` (``read``: what :meth:`read_checkpoint` returned)."""
+        """Restore models and optimizers from ``directory`` (``read``: what :meth:`read_checkpoint` returned).
+
+        Each model's tensors are read into its own tensors (``io.in_place_reads``, or
+        ``io.load_state_dict`` with the model's state as ``template``), each optimizer's state
+        into its existing state tensors, one optimizer at a time; where that does not apply,
+        the state is read whole and loaded with ``load_state_dict``.
+        """
+        from torchbay.checkpoint_inplace import plan_optimizer, run_reads
         from torchbay.errors import CheckpointError
         from torchbay.safe_load import safe_torch_load
 
-        model_states = read if read is not None else self.read_checkpoint(directory, models, optimizers, io)
+        ahead = read if isinstance(read, _ReadAhead) else _ReadAhead([None] * len(models), [None] * len(optimizers))
         for i, model in enumerate(models):
             module = self.unwrap_model(model)
-            state, model_states[i] = model_states[i], None  # freed once loaded
-            if state is None:  # a collective io loads in place, into the model's own tensors
-                state = io.load_state_dict(directory, f"model_{i}", device="cpu", template=module.state_dict())
+            reads, ahead.models[i] = ahead.models[i], None
+            template = module.state_dict()
+            if reads is not None:
+                run_reads(reads)  # the template's tensors are the model's: loading them below changes nothing more
+                state = template
+            else:
+                state = io.load_state_dict(directory, f"model_{i}", device="cpu", template=template)
             try:
                 missing, unexpected = module.load_state_dict(state, strict=False)
             except Exception as exc:
                 raise CheckpointError(f"model {i} in {directory} does not fit the prepared model: {exc}") from exc
-            del state
+            del state, template
             missing = [k for k in missing if not k.endswith("_extra_state")]  # non-tensor state is not in the file
             if missing or unexpected:
                 raise CheckpointError(f"model {i} in {directory} does not fit the prepared model: missing keys "
                                       f"{missing[:10]}, unexpected keys {unexpected[:10]}")
         for i, opt in enumerate(optimizers):
-            state = safe_torch_load(directory / f"optimizer_{i}.pt", f"optimizer {i}", trusted=io.trusted)
+            path = directory / f"optimizer_{i}.pt"
+            plan, ahead.optimizers[i] = ahead.optimizers[i], None
             try:
-                opt.load_state_dict(state)
+                if plan is None:
+                    plan = plan_optimizer(opt, path, f"optimizer {i}", trusted=io.trusted)
+                if plan is not None:
+                    plan.apply()
+                else:
+                    opt.load_state_dict(safe_torch_load(path, f"optimizer {i}", trusted=io.trusted))
+            except CheckpointError:
+                raise
             except Exception as exc:
                 raise CheckpointError(f"optimizer {i} could not be restored from {directory}: {exc}") from exc
+            del plan
+
+
+class _ReadAhead:
+    """What the default ``read_checkpoint`` read: per model the planned reads (or ``None``), per
+    optimizer its :class:`~torchbay.checkpoint_inplace.OptimizerPlan` (or ``None``)."""
+
+    def __init__(self, models: list, optimizers: list):
+        self.models, self.optimizers = models, optimizers
 
 
 # torch 2.13 renamed all_gather_into_tensor; keep working on the older releases torchbay supports

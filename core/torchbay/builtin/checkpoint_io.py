@@ -66,23 +66,45 @@ class SafetensorsCheckpointIO(CheckpointIO):
     def exists(self, directory: Path, stem: str) -> bool:
         return (directory / f"{stem}.safetensors").exists() or (directory / f"{stem}.safetensors.index.json").exists()
 
-    def load_state_dict(self, directory: Path, stem: str, device: str = "cpu", template=None):
-        from safetensors.torch import load_file
-
+    def _files(self, directory: Path, stem: str) -> tuple[list[Path], dict[str, str]] | None:
+        """(files, aliases) of ``stem``; ``None`` when neither a single file nor an index is there."""
         index_path = directory / f"{stem}.safetensors.index.json"
-        single = directory / f"{stem}.safetensors"
         if index_path.exists():
             index = json.loads(index_path.read_text())
-            state = {}
-            for filename in sorted(set(index["weight_map"].values())):
-                state.update(self._load_file(load_file, directory / filename, device))
-            for alias, target in index["metadata"].get("aliases", {}).items():
-                state[alias] = state[target]
-            return state
-        if single.exists():
-            return self._load_file(load_file, single, device)
-        raise CheckpointError(f"model weights '{stem}' are missing from {directory} "
-                              f"(expected {single.name} or {index_path.name})")
+            return ([directory / f for f in sorted(set(index["weight_map"].values()))],
+                    dict(index["metadata"].get("aliases", {})))
+        single = directory / f"{stem}.safetensors"
+        return ([single], {}) if single.exists() else None
+
+    def in_place_reads(self, directory: Path, stem: str, template):
+        from torchbay.checkpoint_inplace import plan_safetensors
+
+        found = self._files(directory, stem)
+        return None if found is None else plan_safetensors(found[0], found[1], template)
+
+    def load_state_dict(self, directory: Path, stem: str, device: str = "cpu", template=None):
+        """The tensors of ``stem``; with a ``template`` (a module's ``state_dict()``) they are
+        read straight into its tensors when every one fits, and the template is returned."""
+        from safetensors.torch import load_file
+
+        from torchbay.checkpoint_inplace import run_reads
+
+        found = self._files(directory, stem)
+        if found is None:
+            raise CheckpointError(f"model weights '{stem}' are missing from {directory} "
+                                  f"(expected {stem}.safetensors or {stem}.safetensors.index.json)")
+        files, aliases = found
+        if template is not None:
+            reads = self.in_place_reads(directory, stem, template)
+            if reads is not None:
+                run_reads(reads)
+                return template
+        state = {}
+        for path in files:
+            state.update(self._load_file(load_file, path, device))
+        for alias, target in aliases.items():
+            state[alias] = state[target]
+        return state
 
     @staticmethod
     def _load_file(load_file, path: Path, device: str):
