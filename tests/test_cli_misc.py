@@ -119,8 +119,19 @@ def test_estimate_memory_from_import_path(capsys, monkeypatch):
     assert rows["ddp", "no"]["parameters"] == n * 4 and rows["ddp", "no"]["optimizer"] == n * 8
     assert rows["fsdp", "no"]["parameters"] == -(-n // 4) * 4 and rows["fsdp", "no"]["sharding_factor"] == 4
     assert rows["deepspeed", "bf16"]["note"] == "ZeRO-2" and rows["deepspeed", "bf16"]["gradients"] == n * 2 // 4
+    # a combination the strategy refuses to run is shown as refused, not as an estimate
+    assert rows["deepspeed", "fp8"]["estimate"] is None and "parameters" not in rows["deepspeed", "fp8"]
+    assert rows["deepspeed", "fp8"]["note"].startswith("refused: mixed_precision fp8 does not run under strategy "
+                                                       "deepspeed")
     code, out, _ = run(capsys, "estimate-memory", "test_cli_misc:tiny_model", "--num-processes", "4")
     assert "PARAMETERS" in out and "deepspeed (ZeRO-2)" in out and "fsdp" in out
+    lines = out.split("optimizer assumes")[0].splitlines()  # the table
+    refused = next(line for line in lines if line.startswith("deepspeed ") and " fp8 " in line)
+    assert "refused: mixed_precision fp8" in refused and "MiB" not in refused
+    # every row's precision starts in the header's PRECISION column
+    column = lines[1].index("PRECISION")
+    assert all(line[column:].split()[0] in ("no", "fp16", "bf16", "fp8", "-") for line in lines[2:] if "MiB" in line)
+    assert refused[column:].startswith("fp8")
 
 
 def test_estimate_memory_from_safetensors(capsys, tmp_path):

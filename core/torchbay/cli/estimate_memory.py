@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from torchbay.errors import IncompatibleSetupError
+
 
 def register(subparsers) -> None:
     from torchbay.cli._options import add_config_options
@@ -210,7 +212,11 @@ def estimate(counts: dict[str, int], resolved, pm, world_size: int, module: Any 
                 continue
         for mode in modes:
             config = resolved.config.model_copy(update={"strategy": name, "mixed_precision": mode})
-            found = cls.estimate_memory(config, world_size, strategy_counts)
+            try:
+                found = cls.estimate_memory(config, world_size, strategy_counts)
+            except IncompatibleSetupError as refused:  # a combination the strategy would refuse to run
+                rows.append({"strategy": name, "precision": mode, "estimate": None, "note": "refused: " + "; ".join(refused.problems)})
+                continue
             if found is None:
                 rows.append({"strategy": name, "precision": mode, "estimate": None,
                              "note": f"plugin '{getattr(cls, '_torchbay_plugin', '?')}' gives no estimate"})
@@ -219,6 +225,10 @@ def estimate(counts: dict[str, int], resolved, pm, world_size: int, module: Any 
                          "gradients": found.gradients, "optimizer": found.optimizer, "total": found.total,
                          "sharding_factor": found.sharding_factor, "note": found.note})
     return rows
+
+
+#: a strategy's note up to this length goes next to its name in the table; a longer one under it
+SHORT_NOTE = 24
 
 
 def _gib(n: int) -> str:
@@ -251,22 +261,31 @@ def estimate_command(args: argparse.Namespace) -> int:
     print(f"{args.model}: {counts['parameters']:,} parameters ({counts['trainable']:,} trainable); "
           f"{world} process(es){f' as {parallel}' if parallel else ''}; per process, without activations")
     headers = ("STRATEGY", "PRECISION", "PARAMETERS", "GRADIENTS", "OPTIMIZER", "TOTAL")
-    cells = []
+    cells, footnotes = [], []
     for r in rows:
         if r.get("total") is None:
             cells.append((r["strategy"], r["precision"], r["note"], "", "", ""))
-        else:
-            label = f"{r['strategy']} ({r['note']})" if r.get("note") else r["strategy"]
-            cells.append((label, r["precision"], _gib(r["parameters"]), _gib(r["gradients"]),
-                          _gib(r["optimizer"]), _gib(r["total"])))
+            continue
+        label = r["strategy"]
+        if r.get("note") and len(r["note"]) <= SHORT_NOTE:
+            label += f" ({r['note']})"
+        elif r.get("note"):  # a long note once under the table, not in every row's first column
+            if r["note"] not in footnotes:
+                footnotes.append(r["note"])
+            label += f" [{footnotes.index(r['note']) + 1}]"
+        cells.append((label, r["precision"], _gib(r["parameters"]), _gib(r["gradients"]),
+                      _gib(r["optimizer"]), _gib(r["total"])))
     measured = [c for c in cells if c[3]]
-    widths = [max(len(h), *(len(c[i]) for c in measured)) if measured else len(h) for i, h in enumerate(headers)]
+    widths = [max(len(h), *(len(c[i]) for c in (cells if i < 2 else measured))) if measured or i < 2 and cells
+              else len(h) for i, h in enumerate(headers)]
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
     for c in cells:
         if not c[3]:
             print(f"{c[0].ljust(widths[0])}  {c[1].ljust(widths[1])}  {c[2]}")
         else:
             print("  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip())
+    for number, note in enumerate(footnotes, 1):
+        print(f"[{number}] {note}")
     print("optimizer assumes Adam (two fp32 states per trainable parameter) unless a strategy says otherwise")
     _print_placement(placement)
     return 0

@@ -22,6 +22,8 @@ from torchbay.config import Section
 from torchbay.errors import ConfigError
 
 AUTO = "auto"
+FP8_REFUSAL = ("mixed_precision fp8 does not run under strategy deepspeed; use bf16 or fp16 "
+               "(or strategy: fsdp/ddp with an fp8 engine)")
 
 #: section key -> path in the DeepSpeed JSON
 SECTION_PATHS: dict[str, tuple[str, ...]] = {
@@ -186,8 +188,7 @@ def base_config(resolved, world_size: int) -> tuple[dict[str, Any], dict[str, st
     put(("gradient_accumulation_steps",), ga, source("gradient_accumulation_steps"))
     mp = config.mixed_precision
     if mp == "fp8":
-        problems.append("mixed_precision fp8 does not run under strategy deepspeed; use bf16 or fp16 "
-                        "(or strategy: fsdp/ddp with an fp8 engine)")
+        problems.append(FP8_REFUSAL)
     for name in ("bf16", "fp16"):
         want = mp == name
         path = (name, "enabled")

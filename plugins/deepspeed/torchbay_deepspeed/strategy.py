@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from torchbay.errors import CheckpointError, ConfigError, TorchbayError
+from torchbay.errors import CheckpointError, ConfigError, IncompatibleSetupError, TorchbayError
 from torchbay.precision import Precision
 from torchbay.strategy import MemoryEstimate, Strategy
 
@@ -123,6 +123,8 @@ class DeepSpeedStrategy(Strategy):
     @classmethod
     def estimate_memory(cls, config, world_size: int, counts: dict[str, int]) -> MemoryEstimate:
         """Weights, gradients and optimizer state per process for the configured ZeRO stage and offload."""
+        if config.mixed_precision == "fp8":
+            raise IncompatibleSetupError([dsconfig.FP8_REFUSAL])
         section = config.deepspeed
         stage = section.zero_stage if section.zero_stage is not None else 2
         world = max(world_size, 1)
