@@ -135,7 +135,8 @@ class Strategy:
         """Per-process memory of a model with ``counts`` (``parameters``, ``trainable``) under ``config``.
 
         The default is a full replica per process: fp32 weights and gradients and Adam's two
-        moments. ``None`` means the strategy gives no estimate.
+        moments. ``None`` means the strategy gives no estimate; a combination the strategy would
+        refuse to run (e.g. a precision it cannot do) raises :class:`IncompatibleSetupError`.
         """
         params, trainable = counts["parameters"], counts.get("trainable", counts["parameters"])
         return MemoryEstimate(parameters=params * 4, gradients=trainable * 4, optimizer=trainable * 8)
