@@ -16,6 +16,10 @@ bytes as they are (another device or dtype), through a buffer of that one tensor
   in the file, found in ``/proc/self/maps``); where that is not possible, the tensor is copied
   from the mapping.
 
+Both are planned first, changing nothing (:func:`plan_safetensors`, :func:`plan_optimizer`:
+the default ``Strategy.read_checkpoint`` does it beside the checksum verification), and run
+(:func:`run_reads`, :meth:`OptimizerPlan.apply`) only once every file is verified.
+
 Nothing here unpickles anything but weights (``weights_only``, see :mod:`torchbay.safe_load`).
 """
 
@@ -198,16 +202,6 @@ def plan_safetensors(files: list[Path], aliases: dict[str, str], template: dict[
     return reads
 
 
-def load_safetensors_into(files: list[Path], aliases: dict[str, str], template: dict[str, Any]) -> bool:
-    """Read the tensors of ``files`` into ``template``'s tensors (see :func:`plan_safetensors`);
-    ``False`` when that does not apply (nothing was changed)."""
-    reads = plan_safetensors(files, aliases, template)
-    if reads is None:
-        return False
-    run_reads(reads)
-    return True
-
-
 # --- optimizer state --------------------------------------------------------------------------
 
 
@@ -330,16 +324,6 @@ def plan_optimizer(optimizer: Any, path: Path, what: str, trusted: bool = False)
             reads.append(Read(path, offset, value.dtype, target, source=None if offset is not None else value))
             entries[name] = target
     return OptimizerPlan(optimizer, state, reads)
-
-
-def load_optimizer_in_place(optimizer: Any, path: Path, what: str, trusted: bool = False) -> bool:
-    """Restore ``optimizer`` from the ``torch.save``'d state dict at ``path`` without holding
-    the whole state in memory twice; ``False`` when this way does not apply (nothing changed)."""
-    plan = plan_optimizer(optimizer, path, what, trusted)
-    if plan is None:
-        return False
-    plan.apply()
-    return True
 
 
 def _file_offset(value: torch.Tensor, mappings: list[tuple[int, int, int]]) -> int | None:
