@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 #: where run_all.py collects every benchmark's tables (JSON lines); unset when a benchmark runs alone
-RESULTS_ENV = "TORCHBAY_BENCH_RESULTS"
+RESULTS_ENV = "BENCH_RESULTS_JSONL"  # (not TORCHBAY_*: those are torchbay settings)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
