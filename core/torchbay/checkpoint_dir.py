@@ -47,10 +47,10 @@ HASH_CHUNK = 8 << 20
 
 def file_digest(fp) -> str:
     """xxh3-128 of the open file ``fp``, read from the page cache without a copy and without
-    keeping the file resident in this process (each chunk's pages are dropped once hashed).
-    Hashing runs without the GIL where it can (:class:`_Hasher`), so a load's other reading
-    goes on beside it."""
-    hasher = _Hasher()
+    keeping the file resident in this process (each chunk's pages are dropped once hashed)."""
+    import xxhash
+
+    hasher = xxhash.xxh3_128()
     size = os.fstat(fp.fileno()).st_size
     if not size:
         return hasher.hexdigest()
@@ -64,90 +64,6 @@ def file_digest(fp) -> str:
         finally:
             data.release()
     return hasher.hexdigest()
-
-
-class _Hasher:
-    """Streaming xxh3-128, the same digest as ``xxhash.xxh3_128().hexdigest()``.
-
-    The ``xxhash`` module keeps the GIL while it hashes; its extension also exports xxHash's C
-    functions, which ctypes calls without the GIL. Where they cannot be found, the module is used.
-    """
-
-    _lib: Any = None
-    _loaded = False
-
-    def __init__(self):
-        lib = self._c_library()
-        self._state = lib.XXH3_createState() if lib is not None else None
-        if self._state:
-            lib.XXH3_128bits_reset(self._state)
-        else:
-            import xxhash
-
-            self._digest = xxhash.xxh3_128()
-
-    @classmethod
-    def _c_library(cls):
-        with _recorded_lock:
-            if not cls._loaded:
-                cls._find_c_library()
-                cls._loaded = True
-        return cls._lib
-
-    @classmethod
-    def _find_c_library(cls) -> None:
-        try:
-            import ctypes
-
-            import numpy  # noqa: F401  (addresses of read-only buffers)
-            import xxhash
-            import xxhash._xxhash as ext
-
-            lib = ctypes.CDLL(ext.__file__)
-
-            class Hash128(ctypes.Structure):
-                _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
-
-            lib.XXH3_createState.restype = ctypes.c_void_p
-            lib.XXH3_128bits_reset.argtypes = [ctypes.c_void_p]
-            lib.XXH3_128bits_update.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-            lib.XXH3_128bits_digest.argtypes = [ctypes.c_void_p]
-            lib.XXH3_128bits_digest.restype = Hash128
-            lib.XXH3_freeState.argtypes = [ctypes.c_void_p]
-            state = lib.XXH3_createState()
-            lib.XXH3_128bits_reset(state)
-            lib.XXH3_128bits_update(state, b"torchbay", 8)
-            value = lib.XXH3_128bits_digest(state)
-            lib.XXH3_freeState(state)
-            if f"{value.high64:016x}{value.low64:016x}" == xxhash.xxh3_128(b"torchbay").hexdigest():
-                cls._lib = lib
-        except Exception:  # no exported symbols, no numpy, no ctypes: the module does it
-            cls._lib = None
-
-    def update(self, data) -> None:
-        if self._state:
-            import numpy
-
-            array = numpy.frombuffer(data, dtype=numpy.uint8)
-            self._lib.XXH3_128bits_update(self._state, array.ctypes.data, array.nbytes)
-            del array
-        else:
-            self._digest.update(data)
-
-    def __del__(self):
-        state, self._state = getattr(self, "_state", None), None
-        if state and self._lib is not None:
-            self._lib.XXH3_freeState(state)
-
-    def hexdigest(self) -> str:
-        if not self._state:
-            return self._digest.hexdigest()
-        state, self._state = self._state, None
-        try:
-            value = self._lib.XXH3_128bits_digest(state)
-        finally:
-            self._lib.XXH3_freeState(state)
-        return f"{value.high64:016x}{value.low64:016x}"
 
 
 _MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", None) if hasattr(mmap.mmap, "madvise") else None
@@ -203,7 +119,9 @@ class RecordingWriter:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._file = open(self.path, "wb", buffering=0)
-        self._hasher = _Hasher()
+        import xxhash
+
+        self._hasher = xxhash.xxh3_128()
         self._size = self._kicked = 0
 
     def write(self, data) -> int:
