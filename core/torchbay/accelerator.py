@@ -32,6 +32,7 @@ from torchbay.plugins import get_plugin_manager
 from torchbay.selection import build_context
 from torchbay.state import AcceleratorState, DistributedType, PartialState, distributed_type_for, \
     register_process_group_owner
+from torchbay.strategy import Strategy
 from torchbay.utils import set_seed
 
 #: what ``accumulate`` returns on a micro-batch that syncs (a nullcontext can be entered again and again)
@@ -104,6 +105,8 @@ class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
         self.context.device_backend = self.device_backend
         self.device_backend.set_current()
         self.strategy = self.context.strategy_cls(self.context)
+        # decided once: whether accumulating micro-batches must enter the strategy's no_sync at all
+        self._strategy_defers_sync = type(self.strategy).no_sync is not Strategy.no_sync
         self.context.strategy = self.strategy
         self.strategy.setup_environment(timeout_s=self.config.process_group_timeout_s)
         register_process_group_owner(self.strategy)
@@ -213,10 +216,11 @@ class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
     def accumulate(self, *models: Any):
         """Accumulate gradients locally until the last micro-batch of the window, then sync.
 
-        Called once per step: a micro-batch that syncs gets one shared empty context (no
-        generator, no exit stack), the others the strategy's ``no_sync`` of every model."""
+        Called once per step: a micro-batch that syncs (or a strategy whose ``no_sync`` does
+        nothing) gets one shared empty context (no generator, no exit stack), the others the
+        strategy's ``no_sync`` of every model."""
         sync = self.gradient_state.advance()
-        if sync or self.gradient_state.sync_each_batch or not models:
+        if sync or self.gradient_state.sync_each_batch or not models or not self._strategy_defers_sync:
             return _SYNC_STEP
         stack = contextlib.ExitStack()
         for model in models:
