@@ -60,10 +60,10 @@ def worker(contender: str, steps: int) -> None:
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
     if int(os.environ["RANK"]) == 0:
         print(json.dumps({"seconds": seconds, "digest": digest}), flush=True)
-    if contender == "raw":
-        dist.destroy_process_group()
-    else:
+    if contender != "raw":
         acc.end_training()
+    if dist.is_initialized():  # (Accelerate's end_training leaves it; gloo can hang at exit with it alive)
+        dist.destroy_process_group()
 
 
 def launch(contender: str, steps: int, nproc: int) -> dict:
@@ -74,7 +74,7 @@ def launch(contender: str, steps: int, nproc: int) -> dict:
         env.pop(key)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
                            "--standalone", os.path.abspath(__file__), "--worker", contender, "--steps", str(steps)],
-                          capture_output=True, text=True, env=env)
+                          capture_output=True, text=True, env=env, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"{contender} failed ({done.returncode}):\n{done.stderr[-3000:]}")
