@@ -60,10 +60,19 @@ def worker(contender: str, steps: int) -> None:
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
     if int(os.environ["RANK"]) == 0:
         print(json.dumps({"seconds": seconds, "digest": digest}), flush=True)
-    if contender != "raw":
-        acc.end_training()
-    if dist.is_initialized():  # (Accelerate's end_training leaves it; gloo can hang at exit with it alive)
+    if contender == "torchbay":
+        acc.end_training()  # its own teardown
+        return
+    # as torchbay's teardown does: a group destroyed while gloo's thread drops the last reference
+    # to the final barrier's work can deadlock (seen here with torch 2.13), so the work is kept
+    last_work = dist.barrier(async_op=True)
+    last_work.wait()
+    if contender == "accelerate":
+        acc.end_training()  # (it destroys the group)
+    del model, opt
+    if dist.is_initialized():
         dist.destroy_process_group()
+    del last_work
 
 
 def launch(contender: str, steps: int, nproc: int) -> dict:

@@ -225,10 +225,16 @@ class Strategy:
         ranks stuck in another collective.
         """
         if self.owns_process_group and dist.is_initialized():
+            last_work = None
             if barrier:
                 with contextlib.suppress(Exception):
-                    dist.barrier()
+                    last_work = dist.barrier(async_op=True)
+                    last_work.wait()
             dist.destroy_process_group()
+            # dropped only now: had gloo's worker thread dropped the last reference to the barrier's
+            # work (and the collectives it waited for) while this thread, holding the GIL, joined it
+            # in the group's destructor, both would wait forever (seen with torch 2.13)
+            del last_work
         self.owns_process_group = False
 
     def adapt_precision(self, precision):
