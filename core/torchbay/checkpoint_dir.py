@@ -16,6 +16,7 @@ the manifest does not list; files are unlinked one by one from that list, never 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import mmap
@@ -168,40 +169,48 @@ def write_recorded(path: Path, write) -> str:
 
 
 _crc_lock = threading.Lock()
-_crc_users = 0
+_crc_users = 0  # torchbay saves running now; the first turns the CRC off, the last restores it
+_crc_before = True
+
+
+@contextlib.contextmanager
+def _zip_crc_off():
+    """torch's zip records without CRC-32 while torchbay's own saves run (torch >= 2.6)."""
+    import torch
+
+    global _crc_users, _crc_before
+    get = getattr(torch.serialization, "get_crc32_options", None)
+    set_ = getattr(torch.serialization, "set_crc32_options", None)
+    if get is None or set_ is None:
+        yield
+        return
+    with _crc_lock:
+        if _crc_users == 0:
+            _crc_before = get()
+            set_(False)
+        _crc_users += 1
+    try:
+        yield
+    finally:
+        with _crc_lock:
+            _crc_users -= 1
+            if _crc_users == 0:
+                set_(_crc_before)
 
 
 def torch_save_recorded(obj: Any, path: Path) -> str:
     """``torch.save(obj, path)`` through a :class:`RecordingWriter`; the file's name.
 
-    The zip records are written without their CRC-32 (``torch.serialization.set_crc32_options``,
-    torch >= 2.6; ``torch.load`` does not check it): computing it took more than half of the
-    time of a large ``torch.save``, and the manifest's xxh3-128 of the whole file, checked on
-    every load, is the stronger check. The option is torch's process-wide setting; it is off
-    only while torchbay's own saves run and restored after them.
+    The zip records are written without their CRC-32 (``torch.serialization.set_crc32_options``;
+    ``torch.load`` does not check it): computing it took more than half of the time of a large
+    ``torch.save``, and the manifest's xxh3-128 of the whole file, checked on every load, is the
+    stronger check. The option is torch's process-wide setting; it is off only while torchbay's
+    own saves run and restored after them.
     """
     import torch
 
-    global _crc_users
-    get = getattr(torch.serialization, "get_crc32_options", None)
-    set_ = getattr(torch.serialization, "set_crc32_options", None)
-    with _crc_lock:
-        if get is not None and set_ is not None:
-            if _crc_users == 0:
-                _torch_save_crc[0] = get()
-                set_(False)
-            _crc_users += 1
-    try:
+    with _zip_crc_off():
         return write_recorded(path, lambda file: torch.save(obj, file))
-    finally:
-        with _crc_lock:
-            if get is not None and set_ is not None:
-                _crc_users -= 1
-                if _crc_users == 0:
-                    set_(_torch_save_crc[0])
-
-
-_torch_save_crc = [True]
 
 
 _sync_file_range: Any = None

@@ -36,7 +36,8 @@ import torch
 
 from torchbay.errors import CheckpointError
 
-_DTYPES = {
+#: safetensors dtype names -> torch dtypes (those this torch has)
+SAFETENSORS_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool,
@@ -44,7 +45,7 @@ _DTYPES = {
 for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"), ("U16", "uint16"),
                      ("U32", "uint32"), ("U64", "uint64")):
     if hasattr(torch, _attr):
-        _DTYPES[_name] = getattr(torch, _attr)
+        SAFETENSORS_DTYPES[_name] = getattr(torch, _attr)
 
 READ_CHUNK = 64 << 20  # one preadv call at most (some kernels cap a read at 2 GiB)
 
@@ -85,28 +86,45 @@ def read_into(fd: int, offset: int, dtype: torch.dtype, target: torch.Tensor, pa
 # --- safetensors ------------------------------------------------------------------------------
 
 
+#: the largest header torchbay reads (safetensors itself refuses larger ones)
+MAX_HEADER = 100 << 20
+
+
+def read_header_json(fp) -> tuple[int, dict[str, Any]]:
+    """``(header length, parsed header)`` of the open safetensors file ``fp``; ``ValueError``
+    when it has none (too short, a length past the file or over 100 MiB, not a JSON object)."""
+    size = os.fstat(fp.fileno()).st_size
+    head = os.pread(fp.fileno(), 8, 0)
+    if len(head) != 8:
+        raise ValueError("shorter than a safetensors header")
+    (length,) = struct.unpack("<Q", head)
+    if length > MAX_HEADER:
+        raise ValueError("header larger than 100 MiB")
+    if length > size - 8:
+        raise ValueError("header longer than the file")
+    try:
+        header = json.loads(os.pread(fp.fileno(), length, 8))
+    except UnicodeDecodeError as exc:
+        raise ValueError(str(exc)) from None
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    return length, header
+
+
 def safetensors_header(fp, path: Path) -> tuple[int, dict[str, tuple[torch.dtype, tuple[int, ...], int, int]]] | None:
     """``(data start, {key: (dtype, shape, begin, end)})`` of an open safetensors file; ``None``
     when the header is not one this reader understands (the caller reads the file the usual way)."""
     size = os.fstat(fp.fileno()).st_size
-    head = os.pread(fp.fileno(), 8, 0)
-    if len(head) != 8:
-        return None
-    (length,) = struct.unpack("<Q", head)
-    if length > min(size - 8, 100 << 20):
-        return None
     try:
-        header = json.loads(os.pread(fp.fileno(), length, 8))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(header, dict):
+        length, header = read_header_json(fp)
+    except ValueError:
         return None
     start, data_size, out = 8 + length, size - 8 - length, {}
     for key, info in header.items():
         if key == "__metadata__":
             continue
         try:
-            dtype = _DTYPES[info["dtype"]]
+            dtype = SAFETENSORS_DTYPES[info["dtype"]]
             shape = tuple(int(d) for d in info["shape"])
             begin, end = (int(x) for x in info["data_offsets"])
         except (KeyError, TypeError, ValueError):

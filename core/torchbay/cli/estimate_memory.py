@@ -15,7 +15,6 @@ import argparse
 import importlib
 import os
 import json
-import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -73,28 +72,24 @@ def safetensors_shapes(path: Path) -> dict[str, dict[str, Any]]:
     files = _weight_files(path) if path.is_dir() else [path]
     if not files:
         raise _error(f"'{path}' holds no *.safetensors file")
+    from torchbay.checkpoint_inplace import read_header_json
+
     out = {}
     for file in files:
         try:
             with open(file, "rb") as fp:
-                (size,) = struct.unpack("<Q", fp.read(8))
-                if size > 100 * 2**20:
-                    raise ValueError("header larger than 100 MiB")
-                header = json.loads(fp.read(size))
-        except (OSError, ValueError, struct.error) as exc:
+                _, header = read_header_json(fp)
+        except (OSError, ValueError) as exc:
             raise _error(f"'{file}' is not a safetensors file ({exc})") from None
         out.update({name: meta for name, meta in header.items() if name != "__metadata__"})
     return out
 
 
-_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
-           "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn",
-           "F8_E5M2": "float8_e5m2"}
-
-
 def meta_model(shapes: dict[str, dict[str, Any]]):
     """A module tree on the meta device with one parameter per checkpoint tensor (for placement)."""
     import torch
+
+    from torchbay.checkpoint_inplace import SAFETENSORS_DTYPES
 
     root = torch.nn.Module()
     for name, meta in shapes.items():
@@ -104,7 +99,7 @@ def meta_model(shapes: dict[str, dict[str, Any]]):
             if not isinstance(getattr(owner, part, None), torch.nn.Module):
                 owner.add_module(part, torch.nn.Module())
             owner = getattr(owner, part)
-        dtype = getattr(torch, _DTYPES.get(meta.get("dtype"), "float32"))
+        dtype = SAFETENSORS_DTYPES.get(meta.get("dtype"), torch.float32)
         owner.register_parameter(leaf, torch.nn.Parameter(torch.empty(meta["shape"], dtype=dtype, device="meta"),
                                                           requires_grad=False))
     return root
