@@ -92,6 +92,22 @@ def _wait_for(paths, timeout=120):
     raise AssertionError(f"timed out waiting for {paths}")
 
 
+def test_a_process_group_whose_peer_never_comes_is_a_torchbay_error_naming_the_timeout():
+    # rank 0 of 2 started by hand, rank 1 never: the set-up gives up after the configured timeout
+    code = ("import torchbay\n"
+            "try:\n    torchbay.Accelerator()\n"
+            "except torchbay.errors.LaunchError as exc:\n    print('LaunchError:', exc)\n")
+    env = _env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), TORCHBAY_PROCESS_GROUP_TIMEOUT_S="3")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("LaunchError: rank 0 of 2: the process group did not form within "
+                                  "process_group_timeout_s=3"), done.stdout
+    assert "TORCHBAY_PROCESS_GROUP_TIMEOUT_S" in done.stdout
+    assert time.monotonic() - started < 60
+
+
 def test_crashing_rank_is_named_first_and_every_rank_stops(tmp_path):
     start = time.time()
     result = launch(["--num-processes", "3", str(SCRIPTS / "cli_fail.py"), str(tmp_path), "raise", "1"])

@@ -66,7 +66,15 @@ def test_cli_writes_only_the_new_package(tmp_path, capsys):
     # a second run refuses to overwrite
     assert main(["new-plugin", "--kind", "device", "acme", "--output", str(tmp_path)]) == 2
     assert "already exists" in capsys.readouterr().err
-    assert scaffold_device_plugin("acme", tmp_path, force=True) == tmp_path / "acme"
+    assert scaffold_device_plugin("acme", tmp_path, force=True) == tmp_path / "acme"  # same files: nothing to lose
+    # --force fills a non-empty directory, but never replaces a file that differs (the author's work)
+    edited = tmp_path / "acme" / "torchbay_acme" / "plugin.py"
+    edited.write_text("# my device\n")
+    (tmp_path / "acme" / "tests" / "test_acme_conformance.py").unlink()
+    with pytest.raises(TorchbayError, match=r"(?s)would replace.*torchbay_acme/plugin.py.*move them away"):
+        scaffold_device_plugin("acme", tmp_path, force=True)
+    assert edited.read_text() == "# my device\n"
+    assert not (tmp_path / "acme" / "tests" / "test_acme_conformance.py").exists()  # nothing written at all
 
 
 def test_templates_name_no_device_but_cpu():
@@ -105,6 +113,12 @@ def test_scaffolded_device_builds_installs_is_selected_and_passes_the_kit(tmp_pa
             acc.end_training()
             # a device that maps to the CPU must not win device: auto
             assert Accelerator().device_backend.name == "cpu"
+
+
+        def test_accelerate_names_know_the_device():
+            from torchbay import utils
+
+            assert utils.is_acme_available() is True  # from the package's accelerate.yaml
     """))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
     env.update(PYTHONPATH=str(site), OMP_NUM_THREADS="1")
@@ -112,7 +126,7 @@ def test_scaffolded_device_builds_installs_is_selected_and_passes_the_kit(tmp_pa
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", str(package / "tests"),
                            str(probe)], capture_output=True, text=True, timeout=500, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
-    assert "10 passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-5000:]
+    assert "11 passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-5000:]
     assert any(line.startswith("PASSED") and "test_conformance_collectives" in line
                for line in proc.stdout.splitlines()), proc.stdout[-3000:]
     # adding the device touched only its own package

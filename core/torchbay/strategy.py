@@ -40,6 +40,18 @@ def _attempt_store(world_size: int, timeout_s: float | None):
     return dist.PrefixStore(f"torchbay/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
 
 
+def _group_did_not_form(rank: int, world_size: int, timeout_s: float | None, exc: Exception):
+    from torchbay.errors import LaunchError
+
+    waited = f"within process_group_timeout_s={timeout_s:g}" if timeout_s else "in time"
+    return LaunchError(
+        f"rank {rank} of {world_size}: the process group did not form {waited} ({type(exc).__name__}: "
+        f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}). Every one of the {world_size} processes must "
+        f"reach Accelerator()/PartialState(); check that all of them were started and that none is stuck or failed "
+        f"before it (their logs), that MASTER_ADDR/MASTER_PORT reach rank 0, or give slow starts more time with "
+        f"process_group_timeout_s (TORCHBAY_PROCESS_GROUP_TIMEOUT_S)")
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes per process for one strategy and precision (activations are not included)."""
@@ -212,10 +224,13 @@ class Strategy:
             self.owns_process_group = True
             return
         self.cluster.export_torch_env()
-        store = _attempt_store(self.world_size, timeout_s)
-        if store is not None:
-            kwargs["store"] = store
-        dist.init_process_group(backend=backend, rank=self.rank, world_size=self.world_size, **kwargs)
+        try:
+            store = _attempt_store(self.world_size, timeout_s)
+            if store is not None:
+                kwargs["store"] = store
+            dist.init_process_group(backend=backend, rank=self.rank, world_size=self.world_size, **kwargs)
+        except (dist.DistStoreError, dist.DistNetworkError) as exc:
+            raise _group_did_not_form(self.rank, self.world_size, timeout_s, exc) from exc
         self.owns_process_group = True
 
     def teardown(self, barrier: bool = True) -> None:

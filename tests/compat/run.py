@@ -224,7 +224,11 @@ def print_table(rows, accelerate: bool) -> list:
         print(f"{procs} process{'es' if procs > 1 else ''}: {counts['PASS']} passed, {counts['FAIL']} failed, "
               f"{counts['SKIP']} skipped")
     if unexpected and not accelerate:
-        print(f"{len(unexpected)} unexpected failure(s)")
+        print(f"{len(unexpected)} unexpected failure(s):")
+        errors = {(s, c, p): e for s, c, p, _, e in rows}
+        for key in unexpected:  # again at the end, so that the tail of a CI log names them
+            script, case, procs = key
+            print(f"  {script}::{case} x{procs}: {errors[key][:1000]}")
     return unexpected
 
 

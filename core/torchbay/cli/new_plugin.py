@@ -25,6 +25,7 @@ DEVICE_FILES = {
     "README.md.tmpl": "README.md",
     "__init__.py.tmpl": "{package}/__init__.py",
     "plugin.py.tmpl": "{package}/plugin.py",
+    "accelerate.yaml.tmpl": "{package}/accelerate.yaml",
     "test_conformance.py.tmpl": "tests/test_{name}_conformance.py",
 }
 RESERVED = {"auto", "cpu"}
@@ -62,6 +63,13 @@ def scaffold_device_plugin(name: str, output: str | Path = ".", force: bool = Fa
     for template, relative in DEVICE_FILES.items():
         text = string.Template(_template("device", template)).substitute(values)
         rendered[target / relative.format(**values)] = text
+    differing = [path for path, text in rendered.items()
+                 if path.exists() and (not path.is_file() or path.read_text(encoding="utf-8") != text)]
+    if differing:  # checked before anything is written, so a refusal leaves the directory as it was
+        listed = "\n".join(f"  {path}" for path in differing)
+        raise TorchbayError(f"new-plugin would replace files that differ from the templates (yours, or an older "
+                            f"scaffold's):\n{listed}\nmove them away or choose another --output; torchbay does not "
+                            f"overwrite files, even with --force")
     for path, text in rendered.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
@@ -89,5 +97,5 @@ def register(subparsers) -> None:
     parser.add_argument("name", help="the plugin's name (the device's config value), e.g. 'acme'")
     parser.add_argument("--output", "-o", default=".", metavar="DIR",
                         help="directory to create the package in; it goes to DIR/NAME (default: .)")
-    parser.add_argument("--force", action="store_true", help="write into an existing non-empty directory")
+    parser.add_argument("--force", action="store_true", help="write into an existing non-empty directory (a file that differs is never replaced)")
     parser.set_defaults(func=run)
