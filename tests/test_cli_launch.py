@@ -143,7 +143,7 @@ def test_killed_rank_ends_the_job(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 128 + signal.SIGKILL, err[-3000:]
-    assert f"rank 1 failed first (killed by signal SIGKILL" in err, err[-3000:]
+    assert "rank 1 failed first (killed by signal SIGKILL" in err, err[-3000:]
     assert f"pid {victim}" in err
     assert ended - killed_at < 15, f"the job took {ended - killed_at:.1f}s to end after the kill"
     assert not processes_mentioning(str(tmp_path))
