@@ -21,13 +21,13 @@ they are written and listed as unchecked.
 from __future__ import annotations
 
 import functools
-import importlib.resources
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from torchbay.config import dotted_to_tree, load_yaml_file
+from torchbay.config_files import read_packaged_yaml
 from torchbay.errors import ConfigError
 
 
@@ -54,8 +54,7 @@ def read_fragment(package: str, resource: str = "accelerate.yaml") -> dict[str, 
     Callers must not change the returned mapping (it is shared). A malformed file raises
     ``ValueError``, which disables the plugin for the run with a warning naming the file.
     """
-    text = importlib.resources.files(package).joinpath(resource).read_text(encoding="utf-8")
-    data = yaml.safe_load(text) or {}
+    data = read_packaged_yaml(package, resource) or {}
     if not isinstance(data, dict) or not set(data) <= {"config_import", "api"}:
         raise ValueError(f"{package}/{resource} is not an Accelerate mapping fragment: make it a mapping whose "
                          f"keys are config_import and/or api (found {sorted(data) if isinstance(data, dict) else data!r})")
@@ -64,8 +63,7 @@ def read_fragment(package: str, resource: str = "accelerate.yaml") -> dict[str, 
 
 def core_table() -> dict[str, Any]:
     """The core's own import table (``torchbay/resources/accelerate.yaml``), without the plugins' parts."""
-    text = importlib.resources.files("torchbay").joinpath("resources/accelerate.yaml").read_text(encoding="utf-8")
-    return yaml.safe_load(text)
+    return read_packaged_yaml("torchbay", "resources/accelerate.yaml")
 
 
 def mapping_table(pm=None) -> dict[str, Any]:
@@ -78,8 +76,7 @@ def mapping_table(pm=None) -> dict[str, Any]:
 
 
 def _accelerate_distributed_types() -> list[str]:
-    text = importlib.resources.files("torchbay").joinpath("resources/accelerate_api.yaml").read_text(encoding="utf-8")
-    return [str(member) for member in yaml.safe_load(text)["distributed_types"]]
+    return [str(member) for member in read_packaged_yaml("torchbay", "resources/accelerate_api.yaml")["distributed_types"]]
 
 
 @dataclass

@@ -7,6 +7,8 @@ and the fix.
 
 from __future__ import annotations
 
+import functools
+import importlib.resources
 import os
 from pathlib import Path
 from typing import Any
@@ -93,3 +95,14 @@ def load_yaml_file(path: str | os.PathLike) -> dict[str, Any]:
     if bad:
         raise ConfigError(f"config file '{path}': key {bad[0]!r} is not a name; keys are names like mixed_precision")
     return data
+
+
+@functools.lru_cache(maxsize=None)
+def read_packaged_yaml(package: str, resource: str) -> Any:
+    """A YAML data file shipped inside ``package`` (torchbay's tables, a plugin's fragment), read once.
+
+    Uses libyaml's safe loader where PyYAML has it (the pure-Python one costs tens of ms of
+    every start-up). Callers must not change the returned object: it is shared.
+    """
+    text = importlib.resources.files(package).joinpath(resource).read_text(encoding="utf-8")
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))

@@ -15,23 +15,19 @@ from __future__ import annotations
 import atexit
 import contextlib
 import enum
-import functools
-import importlib.resources
 import os
 from typing import Any, Callable
 
 import torch
-import yaml
 
+from torchbay.config_files import read_packaged_yaml
 from torchbay.errors import TorchbayError
 from torchbay.operations import only_if
 from torchbay.wrappers import GradientState  # noqa: F401 (Accelerate's accelerate.state.GradientState)
 
 
-@functools.lru_cache(maxsize=None)
 def accelerate_api_table() -> dict[str, Any]:
-    text = importlib.resources.files("torchbay").joinpath("resources/accelerate_api.yaml").read_text()
-    return yaml.safe_load(text)
+    return read_packaged_yaml("torchbay", "resources/accelerate_api.yaml")
 
 
 DistributedType = enum.Enum("DistributedType", [(n, n) for n in accelerate_api_table()["distributed_types"]],
