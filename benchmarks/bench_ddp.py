@@ -29,6 +29,7 @@ def worker(contender: str, steps: int) -> None:
     import torch.distributed as dist
 
     from bench_core import make_loader, make_model
+    from common import destroy_process_group_safely
 
     torch.set_num_threads(1)
     world = int(os.environ["WORLD_SIZE"])
@@ -63,16 +64,13 @@ def worker(contender: str, steps: int) -> None:
     if contender == "torchbay":
         acc.end_training()  # its own teardown
         return
-    # as torchbay's teardown does: a group destroyed while gloo's thread drops the last reference
-    # to the final barrier's work can deadlock (seen here with torch 2.13), so the work is kept
-    last_work = dist.barrier(async_op=True)
-    last_work.wait()
-    if contender == "accelerate":
-        acc.end_training()  # (it destroys the group)
+    if contender == "accelerate":  # it destroys the group itself: keep the last work alive past that
+        last_work = dist.barrier(async_op=True)  # (see common.destroy_process_group_safely)
+        last_work.wait()
+        acc.end_training()
+        del last_work
     del model, opt
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    del last_work
+    destroy_process_group_safely()
 
 
 def launch(contender: str, steps: int, nproc: int) -> dict:

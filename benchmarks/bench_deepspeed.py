@@ -168,7 +168,12 @@ def worker(args) -> None:
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump(rows, f)
-    dist.destroy_process_group()
+    if acc is not None:
+        acc.end_training()  # the group is the benchmark's (joined above), so torchbay leaves it
+    sys.path.insert(0, HERE)
+    from common import destroy_process_group_safely
+
+    destroy_process_group_safely()
 
 
 # --- driver ----------------------------------------------------------------------------------

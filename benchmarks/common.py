@@ -192,3 +192,19 @@ def python_child(code: str, *args: str, env: dict | None = None) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"benchmark child failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return done.stdout
+
+
+def destroy_process_group_safely() -> None:
+    """Destroy the default process group the way torchbay's teardown does.
+
+    A group destroyed while gloo's thread drops the last reference to the final barrier's work
+    can deadlock or abort (seen with torch 2.13), so that work is kept alive until after.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    last_work = dist.barrier(async_op=True)
+    last_work.wait()
+    dist.destroy_process_group()
+    del last_work
