@@ -9,6 +9,7 @@ import torch
 
 from torchbay import Accelerator
 from torchbay.errors import ConfigError
+from torchbay.tracking import TrackerError
 from torchbay.testing.tracking_run import CONFIG, expected_values
 
 pytest.importorskip("dvclive")
@@ -63,3 +64,16 @@ def test_two_processes_with_jsonl_and_resume(launches, tmp_path):
 def test_bad_settings_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="dvclive.save_dvc_exp"):
         Accelerator(project_dir=str(tmp_path), log_with="dvclive", config={"dvclive": {"save_dvc_exp": "maybe"}})
+
+
+def test_a_dvclive_without_the_replaced_set_up_is_refused_before_it_touches_the_repository(tmp_path, monkeypatch):
+    import dvclive
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delattr(dvclive.Live, "_init_dvc")  # as a DVCLive release that renamed it would look
+    acc = Accelerator(project_dir=str(tmp_path), log_with="dvclive")
+    with pytest.raises(TrackerError, match=r"(?s)no Live\._init_dvc.*dvclive\.save_dvc_exp: true"):
+        acc.init_trackers("proj", config=CONFIG)
+    acc.end_training()
+    assert not (tmp_path / ".dvc").exists() and not (tmp_path / "logs" / "dvclive" / "proj").exists()

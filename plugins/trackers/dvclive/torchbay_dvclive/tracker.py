@@ -39,9 +39,9 @@ class DVCLiveTracker(GeneralTracker):
 
 
     def start(self) -> None:
-        Live = _files_only_live()
-        options = {"resume": True, "save_dvc_exp": bool(getattr(self.settings, "save_dvc_exp", False)),
-                   "dvcyaml": None, "report": None}
+        save_dvc_exp = bool(getattr(self.settings, "save_dvc_exp", False))
+        Live = _files_only_live(save_dvc_exp)
+        options = {"resume": True, "save_dvc_exp": save_dvc_exp, "dvcyaml": None, "report": None}
         options.update(self.kwargs)
         self.live = Live(dir=str(self.dir), **options)
 
@@ -85,9 +85,23 @@ class DVCLiveTracker(GeneralTracker):
             self.live = None
 
 
-def _files_only_live():
+#: the private methods of DVCLive's ``Live`` that the tracker replaces (see the module docstring)
+_REPLACED = ("_init_dvc", "_init_dvc_file")
+
+
+def _files_only_live(save_dvc_exp: bool):
     """DVCLive's ``Live`` without its DVC-repository set-up unless an experiment is saved."""
     from dvclive import Live
+
+    missing = [name for name in _REPLACED if not callable(getattr(Live, name, None))]
+    if missing and not save_dvc_exp:  # the override would do nothing and DVCLive could `dvc init` the user's repo
+        from importlib.metadata import version
+
+        raise TrackerError(f"dvclive {version('dvclive')} has no Live.{', Live.'.join(missing)}, which torchbay-dvclive "
+                           f"replaces so that DVCLive writes nothing outside its own directory (no `dvc init` in your "
+                           f"Git repository); install the dvclive version torchbay-dvclive was tested with "
+                           f"(pip install 'dvclive==3.49.1'), or set dvclive.save_dvc_exp: true to let DVCLive set up "
+                           f"DVC itself")
 
     class FilesOnlyLive(Live):
         def _init_dvc(self):
