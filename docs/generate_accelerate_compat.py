@@ -37,7 +37,8 @@ NOTES = {
                                "always save their position; the flag makes iteration resume after load_state",
     "GradientAccumulationPlugin": "sync_with_dataloader=False is refused (torchbay always syncs at the end of "
                                   "a loader)",
-    "notebook_launcher": "elastic launch with forked workers, on the device the config selects (any device plugin)",
+    "notebook_launcher": "elastic launch with forked workers, on the device the config selects (any device plugin); "
+                         "on one machine, a free port when use_port is left unset and 29500 is taken",
     "debug_launcher": "notebook_launcher on the cpu device",
     "gather": "collectives do not carry gradients: a tensor that requires grad is gathered as its data",
     "is_fp16_available": "whether the current (or auto-selected) device plugin autocasts fp16",

@@ -41,3 +41,22 @@ def test_debug_launcher_starts_two_cpu_processes():
     from torchbay import debug_launcher
 
     debug_launcher(_report_world, num_processes=2)
+
+
+def test_notebook_launcher_rendezvous_elsewhere_when_the_default_port_is_taken(capfd):
+    import socket
+
+    from torchbay import notebook_launcher
+    from torchbay.launchers import DEFAULT_PORT
+
+    holder = socket.socket()
+    try:
+        try:
+            holder.bind(("", int(DEFAULT_PORT)))
+            holder.listen()
+        except OSError:
+            pass  # someone else holds it already: the case under test all the same
+        notebook_launcher(_report_world, num_processes=2, device="cpu")
+    finally:
+        holder.close()
+    assert f"port {DEFAULT_PORT} is in use on this machine; rendezvous on port" in capfd.readouterr().err

@@ -9,6 +9,7 @@ the workers, and nothing of the device is initialised in the parent.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Callable
 
 from torchbay.errors import LaunchError
@@ -46,8 +47,41 @@ def _worker_env(num_processes: int, device: str | None, mixed_precision: str) ->
     return env
 
 
+#: Accelerate's (and torchrun's) rendezvous port
+DEFAULT_PORT = "29500"
+
+
+def _port_is_free(port: str) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store binds
+        try:
+            s.bind(("", int(port)))
+        except OSError:
+            return False
+    return True
+
+
+def _rendezvous_port(use_port: str | None) -> str:
+    """``use_port`` when given; else 29500, or a free port on this machine when 29500 is taken
+    (another notebook, a job still running): a single-machine launch needs no agreed port."""
+    if use_port is not None:
+        return str(use_port)
+    if _port_is_free(DEFAULT_PORT):
+        return DEFAULT_PORT
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = str(s.getsockname()[1])
+    print(f"torchbay: notebook_launcher: port {DEFAULT_PORT} is in use on this machine; rendezvous on port {port} "
+          f"instead (pass use_port=... to choose one)", file=sys.stderr, flush=True)
+    return port
+
+
 def notebook_launcher(function: Callable, args: tuple = (), num_processes: int | None = None,
-                      mixed_precision: str = "no", use_port: str = "29500", master_addr: str = "127.0.0.1",
+                      mixed_precision: str = "no", use_port: str | None = None, master_addr: str = "127.0.0.1",
                       node_rank: int = 0, num_nodes: int = 1, rdzv_backend: str = "static", rdzv_endpoint: str = "",
                       rdzv_conf: dict | None = None, rdzv_id: str = "none", max_restarts: int = 0,
                       monitor_interval: float = 0.1, log_line_prefix_template: str | None = None,
@@ -55,7 +89,9 @@ def notebook_launcher(function: Callable, args: tuple = (), num_processes: int |
     """Run ``function(*args)`` in ``num_processes`` processes (or here, for one process).
 
     A failing process stops the others and raises torch's ``ChildFailedError`` with its error;
-    ``max_restarts`` restarts the whole group that many times first.
+    ``max_restarts`` restarts the whole group that many times first. ``use_port`` left unset on
+    one machine is 29500 as in Accelerate, or a free port when 29500 is taken; with several
+    machines (or an ``rdzv_endpoint``) every one of them must name the same port, so it is 29500.
     """
     from torchbay.helpers import patch_environment
 
@@ -67,7 +103,9 @@ def notebook_launcher(function: Callable, args: tuple = (), num_processes: int |
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     env = _worker_env(num_processes, device, mixed_precision)
-    endpoint = rdzv_endpoint or f"{master_addr}:{use_port}"
+    if rdzv_endpoint or num_nodes > 1:
+        use_port = use_port or DEFAULT_PORT
+    endpoint = rdzv_endpoint or f"{master_addr}:{_rendezvous_port(use_port)}"
     conf = dict(rdzv_conf or {})
     if rdzv_backend == "static":
         conf.setdefault("rank", node_rank)
