@@ -259,30 +259,36 @@ def prepare(resolved: ResolvedConfig, pm, *, environ: Mapping[str, str] | None =
     return plan, context, env
 
 
-def check_port_free(plan: LaunchPlan) -> None:
-    """On the machine that hosts the job's store (machine 0, static rendezvous), refuse a port
-    another process already listens on, before anything starts."""
+def port_in_use(port: int) -> bool:
+    """Whether another process listens on ``port`` here (IPv4 or IPv6), probed as torch's store binds."""
     import errno
     import socket
 
-    if plan.mode != "torchrun" or plan.rdzv_backend != "static" or plan.machine_rank != 0:
-        return
-    if plan.main_process_port is None and plan.num_machines == 1 and not plan.rdzv_endpoint:
-        return  # torchrun picks a free port itself
-    port = plan.main_process_port or DEFAULT_STATIC_PORT
     for family, address in ((socket.AF_INET, ""), (socket.AF_INET6, "::")):
         try:
             with socket.socket(family, socket.SOCK_STREAM) as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((address, port))
         except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                continue  # e.g. no IPv6 here
-            source = plan.sources.get("main_process_port", "default")
-            raise ConfigError(f"main_process_port {port} (from {source}) is already in use on this machine (another "
-                              f"job, or one still shutting down); pick a free port with --main-process-port N (the "
-                              f"same on every machine), or on one machine leave it unset and torchrun picks one",
-                              header="cannot start the job") from None
+            if exc.errno == errno.EADDRINUSE:
+                return True  # other errors: e.g. no IPv6 here
+    return False
+
+
+def check_port_free(plan: LaunchPlan) -> None:
+    """On the machine that hosts the job's store (machine 0, static rendezvous), refuse a port
+    another process already listens on, before anything starts."""
+    if plan.mode != "torchrun" or plan.rdzv_backend != "static" or plan.machine_rank != 0:
+        return
+    if plan.main_process_port is None and plan.num_machines == 1 and not plan.rdzv_endpoint:
+        return  # torchrun picks a free port itself
+    port = plan.main_process_port or DEFAULT_STATIC_PORT
+    if port_in_use(port):
+        source = plan.sources.get("main_process_port", "default")
+        raise ConfigError(f"main_process_port {port} (from {source}) is already in use on this machine (another "
+                          f"job, or one still shutting down); pick a free port with --main-process-port N (the "
+                          f"same on every machine), or on one machine leave it unset and torchrun picks one",
+                          header="cannot start the job")
 
 
 def plan_as_json(plan: LaunchPlan) -> str:

@@ -47,34 +47,28 @@ def _worker_env(num_processes: int, device: str | None, mixed_precision: str) ->
     return env
 
 
-#: Accelerate's (and torchrun's) rendezvous port
+#: Accelerate's (and torchrun's) rendezvous port, as the launcher's static default
 DEFAULT_PORT = "29500"
 
 
-def _port_is_free(port: str) -> bool:
+def _free_port() -> str:
     import socket
 
     with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store binds
-        try:
-            s.bind(("", int(port)))
-        except OSError:
-            return False
-    return True
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
 
 
-def _rendezvous_port(use_port: str | None) -> str:
-    """``use_port`` when given; else 29500, or a free port on this machine when 29500 is taken
-    (another notebook, a job still running): a single-machine launch needs no agreed port."""
+def _rendezvous_port(use_port: str | None, agreed: bool) -> str:
+    """``use_port`` when given; else 29500, or, where no other machine must agree on it, a free
+    port when 29500 is taken here (another notebook, a job still running)."""
     if use_port is not None:
         return str(use_port)
-    if _port_is_free(DEFAULT_PORT):
-        return DEFAULT_PORT
-    import socket
+    from torchbay.launcher import port_in_use
 
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = str(s.getsockname()[1])
+    if agreed or not port_in_use(int(DEFAULT_PORT)):
+        return DEFAULT_PORT
+    port = _free_port()
     print(f"torchbay: notebook_launcher: port {DEFAULT_PORT} is in use on this machine; rendezvous on port {port} "
           f"instead (pass use_port=... to choose one)", file=sys.stderr, flush=True)
     return port
@@ -103,9 +97,7 @@ def notebook_launcher(function: Callable, args: tuple = (), num_processes: int |
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     env = _worker_env(num_processes, device, mixed_precision)
-    if rdzv_endpoint or num_nodes > 1:
-        use_port = use_port or DEFAULT_PORT
-    endpoint = rdzv_endpoint or f"{master_addr}:{_rendezvous_port(use_port)}"
+    endpoint = rdzv_endpoint or f"{master_addr}:{_rendezvous_port(use_port, agreed=num_nodes > 1)}"
     conf = dict(rdzv_conf or {})
     if rdzv_backend == "static":
         conf.setdefault("rank", node_rank)
@@ -123,9 +115,4 @@ def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2)
     from torchbay.state import PartialState
 
     PartialState._reset_state()
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    return notebook_launcher(function, args, num_processes=num_processes, use_port=port, device="cpu")
+    return notebook_launcher(function, args, num_processes=num_processes, use_port=_free_port(), device="cpu")
