@@ -3,11 +3,15 @@
 ``python worker.py SCRIPT OUT_DIR [CASE ...]`` (``COMPAT_RUN_MAIN=1``: the whole script instead
 of cases). Unless ``COMPAT_ON_ACCELERATE=1``, every ``accelerate`` import is redirected to torchbay first. Each rank appends
 ``{"case", "event": "start"|"end", "ok", "error"}`` lines to ``OUT_DIR/rank<N>.jsonl`` as it
-goes, so a run that hangs still tells which case hung.
+goes, so a run that hangs still tells which case hung. A case (or a whole script) that runs
+longer than ``COMPAT_CASE_LIMIT_S`` seconds writes every thread's stack to
+``OUT_DIR/rank<N>.stack`` and ends its process: the launch then stops at once (torchbay launch
+ends the other ranks) and the runner shows where the rank was stuck.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import importlib.util
 import json
@@ -54,6 +58,11 @@ def first_error_line(exc: BaseException) -> str:
     return message[:400]
 
 
+#: longer than any case takes on a loaded 2-core machine (seconds, not minutes), and longer than
+#: the runner's 120 s process-group timeout, so a rank stuck in a collective fails by itself first
+CASE_LIMIT_S = float(os.environ.get("COMPAT_CASE_LIMIT_S", "180"))
+
+
 def main(argv: list[str]) -> int:
     script_name, out_dir, *case_names = argv
     # modes come by environment: a launcher never mistakes them for its own options
@@ -75,6 +84,8 @@ def main(argv: list[str]) -> int:
     def record(**fields):
         log.write(json.dumps(fields) + "\n")
 
+    stacks = open(out / f"rank{rank}.stack", "w")
+
     module_name = "accelerate.test_utils.scripts." + script.path[:-3].replace("/", ".")
     try:
         module = importlib.import_module(module_name)
@@ -86,6 +97,7 @@ def main(argv: list[str]) -> int:
         for name in stand_ins:
             sys.modules.pop(name, None)
     if run_main:  # the whole script: its main(), or its ``if __name__ == "__main__"`` block
+        faulthandler.dump_traceback_later(2 * CASE_LIMIT_S, exit=True, file=stacks)
         if hasattr(module, "main"):
             module.main()
         else:
@@ -105,6 +117,7 @@ def main(argv: list[str]) -> int:
     failed = 0
     for name in case_names:
         record(case=name, event="start")
+        faulthandler.dump_traceback_later(CASE_LIMIT_S, exit=True, file=stacks)
         try:
             exec(codes[name], namespace)
         except BaseException as exc:
@@ -114,6 +127,8 @@ def main(argv: list[str]) -> int:
             record(case=name, event="end", ok=False, error=first_error_line(exc))
         else:
             record(case=name, event="end", ok=True, error="")
+        finally:
+            faulthandler.cancel_dump_traceback_later()
     return 0
 
 
