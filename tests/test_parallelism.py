@@ -2,8 +2,8 @@
 parallel on any module, the data loader's data-parallel split, resharding checkpoints, errors.
 
 Three process launches in all: tests/scripts/parallel_train.py with 4 processes (FSDP 4, HSDP
-2x2, FSDP 2 x TP 2 side by side against a single-process reference computed in the worker,
-and a save_state at 2 x 2), then parallel_resume.py with 4 (dp_shard 4) and with 1 process.
+2x2, FSDP 2 x TP 2 with the Megatron plan and FSDP 2 x TP 2 with every other style, side by
+side against a single-process reference computed in the worker, and a save_state at 2 x 2), then parallel_resume.py with 4 (dp_shard 4) and with 1 process.
 Everything else runs in this process and starts no process group.
 
 Tolerances: the N-D runs reduce gradients in another order than the single-process
@@ -45,7 +45,7 @@ def _close(a, b, atol=ATOL):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("run", ["fsdp4", "hsdp", "fsdp2_tp2"])
+@pytest.mark.parametrize("run", ["fsdp4", "hsdp", "fsdp2_tp2", "fsdp2_tp2_every_style"])
 def test_loss_and_weights_after_k_steps_match_a_single_process(trained, run):
     _, result = trained
     got = result[run]
@@ -68,6 +68,34 @@ def test_one_named_mesh_with_the_active_and_flattened_dimensions(trained):
     assert all(result[run]["config_mesh_is_accelerator_mesh"] for run in ("fsdp4", "hsdp", "fsdp2_tp2"))
     assert tp["tp_plan_applied"] == sorted(f"blocks.{i}.{m}" for i in range(common.BLOCKS)
                                            for m in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.up", "mlp.down"))
+
+
+@pytest.mark.multiprocess
+def test_every_style_string_hands_on_and_splits_what_its_name_says(trained):
+    """The styles the Megatron plan does not use, on a model written for sequence parallelism
+    (its losses and weights match one process: see the test above)."""
+    _, result = trained
+    got = result["fsdp2_tp2_every_style"]
+    assert got["tp_plan_applied"] == ["down", "head", "norm", "pre_down", "pre_up", "to_seq", "up"]
+    batch, seq, dim = common.GLOBAL_BATCH // 2, common.SEQ, common.DIM
+    assert got["outputs"] == {
+        "emb": f"Tensor({[batch, seq, dim]})",  # not in the plan
+        "pre_up": f"Tensor({[batch, seq, 2 * dim]})",  # colwise_rep: every feature, a plain tensor
+        "pre_down": f"Tensor({[batch, seq, dim]})",  # rowwise_rep: took the whole input
+        "to_seq": "DTensor(S(1))",  # the torch ParallelStyle object: the sequence split over tp
+        "norm": "DTensor(S(1))",  # sequence_parallel: stays on the sequence shards
+        "up": "DTensor(S(2))",  # local_colwise: a DTensor sharded on the features
+        "down": "DTensor(R)",  # local_rowwise: a replicated DTensor
+        "head": f"Tensor({[batch, seq, common.VOCAB]})",  # replicate: plain tensor out
+    }
+    # [dp_shard placement, tp placement]: colwise splits output features (dim 0), rowwise input
+    # features (dim 1, its bias whole); sequence_parallel and replicate keep the tp copy whole
+    tp = {name: placements[1] if len(placements) == 2 else None for name, placements in got["placements"].items()}
+    assert tp == {"emb.weight": None,
+                  "pre_up.weight": "S(0)", "pre_up.bias": "S(0)", "pre_down.weight": "S(1)", "pre_down.bias": "R",
+                  "to_seq.weight": "S(1)", "to_seq.bias": "R", "norm.weight": "R", "norm.bias": "R",
+                  "up.weight": "S(0)", "up.bias": "S(0)", "down.weight": "S(1)", "down.bias": "R",
+                  "head.weight": "R", "head.bias": "R"}
 
 
 @pytest.mark.multiprocess

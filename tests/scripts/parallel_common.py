@@ -71,9 +71,45 @@ class TinyGPT(nn.Module):
         return self.head(self.norm(x))
 
 
-def make_model(seed: int = 0) -> TinyGPT:
+class EveryStyleNet(nn.Module):
+    """A model written for sequence parallelism, to run the styles PLAN does not use.
+
+    A plain-tensor model cannot take them: ``sequence_parallel`` wants sequence-sharded
+    activations and ``local_*`` hand the next module a DTensor. Here the embedding's output goes
+    through a colwise_rep/rowwise_rep MLP (plain tensors, whole), ``to_seq`` splits the sequence
+    over the tp ranks (a torch ParallelStyle object in the plan, as torchtitan shards after its
+    embedding), the norm runs on the sequence shards, ``up``/``down`` keep DTensors, and ``head``
+    takes the replicated DTensor and returns a plain tensor.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        self.pre_up, self.pre_down = nn.Linear(DIM, 2 * DIM), nn.Linear(2 * DIM, DIM)
+        self.to_seq = nn.Linear(DIM, DIM)
+        self.norm = nn.LayerNorm(DIM)
+        self.up, self.down = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
+        self.head = nn.Linear(DIM, VOCAB)
+
+    def forward(self, tokens):
+        x = self.emb(tokens)
+        x = x + self.pre_down(nn.functional.gelu(self.pre_up(x)))
+        h = self.norm(self.to_seq(x))
+        return self.head(self.down(nn.functional.gelu(self.up(h))))
+
+
+def every_style_plan() -> dict:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    return {"pre_up": "colwise_rep", "pre_down": "rowwise_rep",
+            "to_seq": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
+            "norm": "sequence_parallel", "up": "local_colwise", "down": "local_rowwise", "head": "replicate"}
+
+
+def make_model(seed: int = 0, every_style: bool = False) -> nn.Module:
     torch.manual_seed(seed)
-    return TinyGPT()
+    return EveryStyleNet() if every_style else TinyGPT()
 
 
 def dataset(steps: int = K) -> torch.utils.data.TensorDataset:
@@ -88,13 +124,13 @@ def loss_of(model, tokens) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
 
 
-def reference(steps: int = K, start_state: dict | None = None, start: int = 0):
+def reference(every_style: bool = False):
     """Single process: the same model, seed and global batches; losses and final weights."""
-    model = make_model()
+    model = make_model(every_style=every_style)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     tokens = dataset().tensors[1]
     losses = []
-    for step in range(start, steps):
+    for step in range(K):
         loss = loss_of(model, tokens[step * GLOBAL_BATCH:(step + 1) * GLOBAL_BATCH])
         loss.backward()
         opt.step()
