@@ -30,7 +30,21 @@ with acc.split_between_processes(list(range(5))) as part:
     out["split"] = part
 with acc.main_process_first():
     out["first"] = True
+# objects of different sizes per rank (gloo: sent as bytes through the strategy's own collectives)
+mine = {"rank": acc.process_index, "text": "x" * (1000 * acc.process_index + 1)}
+out["objects_gathered"] = [(o["rank"], len(o["text"])) for o in acc.strategy.all_gather_object(mine)]
+out["object_broadcast"] = acc.strategy.broadcast_object(mine if acc.process_index == 1 else None, src=1)["rank"]
 acc.wait_for_everyone()
+# every collective's work stays referenced here after the call returns (the oldest is let go), so
+# gloo's thread does not destroy it: see Strategy._wait
+works = []
+for call in (lambda: acc.gather(rank), lambda: acc.reduce(rank, "sum"), lambda: acc.strategy.broadcast(rank.clone()),
+             acc.wait_for_everyone):
+    call()
+    works.append(acc.strategy._held[-1])
+out["held_works"] = [w is not None and w.is_completed() for w in works]
+out["held_works_distinct"] = len({id(w) for w in works}) == len(works)
+out["held_count"] = len(acc.strategy._held)
 if acc.is_main_process:
     json.dump(out, open(sys.argv[1], "w"))
 acc.end_training()
