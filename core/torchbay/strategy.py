@@ -248,9 +248,9 @@ class Strategy:
                 with contextlib.suppress(Exception):
                     self._wait(dist.barrier(async_op=True))
             dist.destroy_process_group()
-            # dropped only now: had gloo's worker thread dropped the last reference to the barrier's
-            # work (and the collectives it waited for) while this thread, holding the GIL, joined it
-            # in the group's destructor, both would wait forever (seen with torch 2.13)
+        # the kept works go only now: had gloo's worker thread dropped the last reference to one
+        # while this thread, holding the GIL, joined it in the group's destructor, both would wait
+        # forever (seen with torch 2.13; see _wait)
         self._held = ()
         self.owns_process_group = False
 
