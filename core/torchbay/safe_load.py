@@ -61,6 +61,13 @@ def safe_torch_load(source: Path | str | IO[bytes], what: str, *, allowed: Itera
         raise CheckpointError(f"{what}: {name} could not be read ({type(exc).__name__}: {exc})") from exc
 
 
+def unpickle_from_peer(payload: torch.Tensor) -> Any:
+    """An object another rank of this job pickled and sent through the process group
+    (``Strategy.broadcast_object``/``all_gather_object``), unpickled as torch.distributed's own
+    object collectives do: the bytes never come from disk, and the peer runs the same code."""
+    return pickle.loads(payload.numpy().tobytes())
+
+
 # --- torch.distributed.checkpoint -------------------------------------------------------
 
 _DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")

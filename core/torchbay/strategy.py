@@ -370,7 +370,9 @@ class Strategy:
         if payload is None:
             payload = torch.empty(int(size.item()), dtype=torch.uint8)
         self.broadcast(payload, src=src)
-        return obj if self.rank == src else _unpickled(payload)
+        from torchbay.safe_load import unpickle_from_peer
+
+        return obj if self.rank == src else unpickle_from_peer(payload)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order."""
@@ -385,7 +387,9 @@ class Strategy:
         padded = torch.zeros(max(sizes), dtype=torch.uint8)
         padded[:payload.numel()] = payload
         rows = self.all_gather(padded).view(self.world_size, -1)
-        return [_unpickled(rows[rank, :size]) for rank, size in enumerate(sizes)]  # copies, as torch's
+        from torchbay.safe_load import unpickle_from_peer
+
+        return [unpickle_from_peer(rows[rank, :size]) for rank, size in enumerate(sizes)]  # copies, as torch's
 
     # -- state --------------------------------------------------------------------------
     def model_state_dict(self, model: Any) -> dict[str, torch.Tensor]:
@@ -515,8 +519,3 @@ def _objects_travel_on_cpu() -> bool:
 
 def _pickled(obj: Any) -> torch.Tensor:
     return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-
-
-def _unpickled(payload: torch.Tensor) -> Any:
-    # from another rank of this job, as torch.distributed's own object collectives do
-    return pickle.loads(payload.numpy().tobytes())
