@@ -1,6 +1,8 @@
 """torchbay-wandb against the real wandb in offline mode (no network), read back by decoding the
 offline run file's records with wandb's own protobuf classes (torchbay_wandb.offline)."""
 
+import time
+
 import pytest
 import torch
 
@@ -19,11 +21,19 @@ def _offline(monkeypatch):
         monkeypatch.setenv(key, value)
 
 
-def offline_runs(root):
+def offline_runs(root, settle_s: float = 10.0):
+    """Every offline run under ``root``, oldest first. wandb's own service process writes the run
+    file, and its last record (the exit) can reach the disk a moment after ``finish()`` returned:
+    read again until every run has it, for up to ``settle_s`` seconds."""
     from torchbay_wandb.offline import read_run
 
-    files = sorted(root.rglob("run-*.wandb"), key=lambda p: p.parent.name)  # offline-run-<time>-<id>
-    return [read_run(path) for path in files]
+    deadline = time.monotonic() + settle_s
+    while True:
+        files = sorted(root.rglob("run-*.wandb"), key=lambda p: p.parent.name)  # offline-run-<time>-<id>
+        runs = [read_run(path) for path in files]
+        if all(run["exited"] for run in runs) or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.1)
 
 
 def series(run, key):
