@@ -131,3 +131,4 @@ def test_collectives_and_gather_for_metrics_in_two_processes(tmp_path, script):
     assert out["dispatched_local"] == [[0, 1, 2], [6, 7, 8]]  # rank 0 of global batches of 6
     assert out["objects_gathered"] == [[0, 1], [1, 1001]] and out["object_broadcast"] == 1
     assert out["held_works"] == [True] * 4 and out["held_works_distinct"] and out["held_count"] == 2
+    assert out["pickles_with_held_works"]

@@ -100,6 +100,11 @@ class Strategy:
     held_works: ClassVar[int] = 2
     _held: Any = ()
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_held", None)  # the works of this process's collectives do not pickle (or travel)
+        return state
+
     def __init__(self, context: RunContext):
         self.context = context
         self.cluster = context.cluster
