@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from torchbay.safe_load import unpickle_from_peer
+
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.checkpoint_io import CheckpointIO
     from torchbay.context import RunContext
@@ -375,8 +377,6 @@ class Strategy:
         if payload is None:
             payload = torch.empty(int(size.item()), dtype=torch.uint8)
         self.broadcast(payload, src=src)
-        from torchbay.safe_load import unpickle_from_peer
-
         return obj if self.rank == src else unpickle_from_peer(payload)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
@@ -392,8 +392,6 @@ class Strategy:
         padded = torch.zeros(max(sizes), dtype=torch.uint8)
         padded[:payload.numel()] = payload
         rows = self.all_gather(padded).view(self.world_size, -1)
-        from torchbay.safe_load import unpickle_from_peer
-
         return [unpickle_from_peer(rows[rank, :size]) for rank, size in enumerate(sizes)]  # copies, as torch's
 
     # -- state --------------------------------------------------------------------------

@@ -96,6 +96,15 @@ def read_stacks(out: Path) -> str:
     return "\n".join(parts)
 
 
+def retried(why: str, stacks: str, again) -> tuple[str, str]:
+    """The result of a hung or crashed case (or ``main()``) that ``again()`` runs once more."""
+    first = why + (f"\n{stacks}" if stacks else "")
+    result, error = again()
+    if result == "PASS":
+        return "PASS", f"{FLAKY}; first attempt: {first}"
+    return "FAIL", f"{why} (and again: {error})" + (f"\n{stacks}" if stacks else "")
+
+
 def run_cases(name: str, script: _cases.Script, procs: int, names: list[str], accelerate: bool,
               timeout: float, verbose: bool, retry: bool = True) -> dict[str, tuple[str, str]]:
     """``{case: (PASS|FAIL, first error)}`` for ``names`` run in as few launches as possible."""
@@ -153,12 +162,8 @@ def run_cases(name: str, script: _cases.Script, procs: int, names: list[str], ac
         results[culprit] = ("FAIL", why + (f"\n{stacks}" if stacks else ""))
         if retry:
             print(f"# {name} x{procs}: {culprit} {why[:300]}; running it again alone", file=sys.stderr)
-            again = run_cases(name, script, procs, [culprit], accelerate, timeout, verbose, retry=False)[culprit]
-            if again[0] == "PASS":
-                results[culprit] = ("PASS", f"{FLAKY}; first attempt: {results[culprit][1]}")
-            else:
-                results[culprit] = ("FAIL", f"{why} (and again when run alone: {again[1]})"
-                                    + (f"\n{stacks}" if stacks else ""))
+            results[culprit] = retried(why, stacks, lambda: run_cases(
+                name, script, procs, [culprit], accelerate, timeout, verbose, retry=False)[culprit])
         remaining = rest[rest.index(culprit) + 1:]
     return results
 
@@ -183,15 +188,10 @@ def run_main(name: str, script: _cases.Script, procs: int, accelerate: bool, tim
         why = (f"timed out after {timeout:.0f}s" if proc is None else
                last_error_line(proc.stderr) or f"exit code {proc.returncode}")
         stacks = read_stacks(out)
-    if stacks:
-        why += f"\n{stacks}"
     if not retry:
-        return "FAIL", why
+        return "FAIL", why + (f"\n{stacks}" if stacks else "")
     print(f"# {name} x{procs}: main() {why.splitlines()[0][:300]}; running it again", file=sys.stderr)
-    again = run_main(name, script, procs, accelerate, timeout, verbose, retry=False)
-    if again[0] == "PASS":
-        return "PASS", f"{FLAKY}; first attempt: {why}"
-    return "FAIL", f"{why} (and again: {again[1]})"
+    return retried(why, stacks, lambda: run_main(name, script, procs, accelerate, timeout, verbose, retry=False))
 
 
 def main(argv: list[str] | None = None) -> int:
