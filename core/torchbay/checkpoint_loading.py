@@ -203,10 +203,10 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: str | Path, device_ma
 
 
 def _progress(files: CheckpointFiles):
-    from torchbay.utils import tqdm
+    from torchbay.progress import progress_bar
 
-    return tqdm(total=len(files.files), desc="Loading checkpoint shards", unit="shard", delay=2.0,
-                disable=len(files.files) < 2)
+    return progress_bar(total=len(files.files), desc="Loading checkpoint shards", unit="shard", delay=2.0,
+                        disable=len(files.files) < 2)
 
 
 def _convert(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

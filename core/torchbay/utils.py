@@ -176,12 +176,11 @@ def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
 
 
 def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any):
-    """``tqdm.auto.tqdm``, disabled on every process but the local main one by default."""
-    from tqdm.auto import tqdm as _tqdm
+    """``tqdm.auto.tqdm``, disabled on every process but the local main one by default; when stderr
+    is not a terminal (a log file), a few plain lines instead of a redrawn bar (torchbay.progress)."""
+    from torchbay.progress import progress_bar
 
     if args and isinstance(args[0], bool):  # Accelerate's old tqdm(main_process_only, iterable)
         main_process_only, args = args[0], args[1:]
-    if main_process_only:
-        kwargs["disable"] = kwargs.get("disable", False) or not _is_main(local=True)
-    return _tqdm(*args, **kwargs)
+    return progress_bar(*args, main_process_only=main_process_only, **kwargs)
 
