@@ -9,7 +9,6 @@ import torch
 
 from torchbay import Accelerator
 from torchbay.errors import ConfigError
-from torchbay.tracking import TrackerError
 from torchbay.testing.tracking_run import CONFIG, expected_values
 
 pytest.importorskip("dvclive")
@@ -28,8 +27,7 @@ def read(run_dir):
 
 
 def test_metrics_params_and_end_training_writes_the_summary(tmp_path, monkeypatch):
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    monkeypatch.chdir(tmp_path)  # inside a Git repository without DVC: DVCLive alone would `dvc init` it
+    monkeypatch.chdir(tmp_path)  # outside any Git repository: DVCLive sets up no DVC repository
     acc = Accelerator(project_dir=str(tmp_path), log_with="dvclive")
     acc.init_trackers("proj", config=CONFIG)
     for step in range(3):
@@ -47,7 +45,7 @@ def test_metrics_params_and_end_training_writes_the_summary(tmp_path, monkeypatc
     assert params == {"lr": 0.1, "model": {"width": 4, "depth": 2}, "seed": 7, "name": "tiny"}
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["loss"] == 2.0 and summary["nested"]["count"] == 2 and summary["step"] == 2
-    assert not (tmp_path / ".dvc").exists() and not (tmp_path / ".dvcignore").exists()  # nothing outside its dir
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]  # nothing outside its dir
     assert (run_dir / "text" / "note.tsv").read_text().splitlines() == ["step\tvalue", '0\t"step 0"', '1\t"step 1"',
                                                                        '2\t"step 2"']
 
@@ -66,14 +64,27 @@ def test_bad_settings_are_refused(tmp_path):
         Accelerator(project_dir=str(tmp_path), log_with="dvclive", config={"dvclive": {"save_dvc_exp": "maybe"}})
 
 
-def test_a_dvclive_without_the_replaced_set_up_is_refused_before_it_touches_the_repository(tmp_path, monkeypatch):
-    import dvclive
+def test_in_a_git_repository_without_dvc_the_user_is_told_before_dvclive_sets_it_up(tmp_path, monkeypatch, capsys):
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "start"], check=True)  # (DVCLive fails on none)
+    (tmp_path / "train").mkdir()
+    monkeypatch.chdir(tmp_path / "train")
+    acc = Accelerator(project_dir=str(tmp_path / "train"), log_with="dvclive")
+    acc.init_trackers("proj", config=CONFIG)
+    acc.log({"loss": 1.0})
+    acc.end_training()
+    told = capsys.readouterr().err
+    assert f"DVCLive runs `dvc init` in the Git repository {tmp_path}" in told
+    assert (tmp_path / ".dvc").is_dir() and (tmp_path / ".dvcignore").exists()  # DVCLive's own set-up, as told
+    assert (tmp_path / "train" / "logs" / "dvclive" / "proj" / "metrics.json").exists()
+
+
+def test_inside_a_dvc_repository_nothing_is_said(tmp_path, monkeypatch, capsys):
+    from torchbay_dvclive.tracker import git_root_dvclive_sets_up
 
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delattr(dvclive.Live, "_init_dvc")  # as a DVCLive release that renamed it would look
-    acc = Accelerator(project_dir=str(tmp_path), log_with="dvclive")
-    with pytest.raises(TrackerError, match=r"(?s)no Live\._init_dvc.*dvclive\.save_dvc_exp: true"):
-        acc.init_trackers("proj", config=CONFIG)
-    acc.end_training()
-    assert not (tmp_path / ".dvc").exists() and not (tmp_path / "logs" / "dvclive" / "proj").exists()
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    assert git_root_dvclive_sets_up(tmp_path / "a" / "b") == tmp_path
+    (tmp_path / ".dvc").mkdir()
+    assert git_root_dvclive_sets_up(tmp_path / "a" / "b") is None

@@ -6,10 +6,10 @@ with ``/``: ``plots/metrics/eval/loss.tsv``), ``metrics.json`` holds the latest.
 stores numbers only; other values go to ``text/<name>.tsv`` (step, JSON text) next to them.
 A resumed run (the same directory) goes on appending, as DVCLive's ``resume=True`` does.
 
-DVCLive runs ``dvc init`` in the enclosing Git repository when it finds no DVC repository
-(``.dvc/`` and ``.dvcignore`` at the repository root), even when no DVC experiment is saved.
-Unless ``dvclive.save_dvc_exp`` asks for an experiment, the tracker skips that set-up and
-writes nothing outside its own directory.
+DVCLive's public ``Live`` is used as it is. Like every ``Live()`` (also under Accelerate), it runs
+``dvc init`` in the Git repository around the working directory when that repository has no DVC set-up
+yet (``.dvc/`` and ``.dvcignore`` at its root, staged in Git); DVCLive has no public switch to skip it,
+so the tracker says so, naming the repository, before it happens.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from torchbay.tracking import GeneralTracker, TrackerError, split_scalars, to_python
+from torchbay.tracking import GeneralTracker, TrackerError, say, split_scalars, to_python
 
 
 class DVCLiveTracker(GeneralTracker):
@@ -39,8 +39,14 @@ class DVCLiveTracker(GeneralTracker):
 
 
     def start(self) -> None:
+        from dvclive import Live
+
         save_dvc_exp = bool(getattr(self.settings, "save_dvc_exp", False))
-        Live = _files_only_live(save_dvc_exp)
+        repository = git_root_dvclive_sets_up(Path.cwd())
+        if repository is not None and not save_dvc_exp:
+            say(f"dvclive: DVCLive runs `dvc init` in the Git repository {repository} (.dvc/ and .dvcignore, "
+                f"staged in Git), as it does for every Live(); to keep it out, run from outside that repository "
+                f"or set DVC up there yourself first")
         options = {"resume": True, "save_dvc_exp": save_dvc_exp, "dvcyaml": None, "report": None}
         options.update(self.kwargs)
         self.live = Live(dir=str(self.dir), **options)
@@ -85,29 +91,10 @@ class DVCLiveTracker(GeneralTracker):
             self.live = None
 
 
-#: the private methods of DVCLive's ``Live`` that the tracker replaces (see the module docstring)
-_REPLACED = ("_init_dvc", "_init_dvc_file")
-
-
-def _files_only_live(save_dvc_exp: bool):
-    """DVCLive's ``Live`` without its DVC-repository set-up unless an experiment is saved."""
-    from dvclive import Live
-
-    missing = [name for name in _REPLACED if not callable(getattr(Live, name, None))]
-    if missing and not save_dvc_exp:  # the override would do nothing and DVCLive could `dvc init` the user's repo
-        from importlib.metadata import version
-
-        raise TrackerError(f"dvclive {version('dvclive')} has no Live.{', Live.'.join(missing)}, which torchbay-dvclive "
-                           f"replaces so that DVCLive writes nothing outside its own directory (no `dvc init` in your "
-                           f"Git repository); install the dvclive version torchbay-dvclive was tested with "
-                           f"(pip install 'dvclive==3.49.1'), or set dvclive.save_dvc_exp: true to let DVCLive set up "
-                           f"DVC itself")
-
-    class FilesOnlyLive(Live):
-        def _init_dvc(self):
-            if self._save_dvc_exp or os.getenv("DVC_ROOT"):  # a DVC experiment or a `dvc exp run` stage
-                return super()._init_dvc()
-            self._dvc_file = self._init_dvc_file()  # (unused: dvcyaml is None) no `dvc init`, no Git lookup
-            return None
-
-    return FilesOnlyLive
+def git_root_dvclive_sets_up(start: Path) -> Path | None:
+    """The Git repository DVCLive would ``dvc init`` from ``start``: None inside a DVC repository
+    (a ``.dvc/`` folder here or above, as DVC looks for it) or outside Git."""
+    folders = (start, *start.parents)
+    if any((folder / ".dvc").is_dir() for folder in folders):
+        return None
+    return next((folder for folder in folders if (folder / ".git").exists()), None)
