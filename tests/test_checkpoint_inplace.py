@@ -108,6 +108,43 @@ def test_recorded_files_match_a_fresh_read(tmp_path):
         assert torch.serialization.get_crc32_options()  # torch's own setting is restored
 
 
+needs_crc_option = pytest.mark.skipif(not hasattr(torch.serialization, "get_crc32_options"),
+                                      reason="torch < 2.6 has no set_crc32_options: every zip record has its CRC")
+
+
+@needs_crc_option
+def test_only_torchbays_own_save_skips_the_zip_crc(tmp_path, monkeypatch):
+    import zipfile
+
+    settings_while_writing = []
+    write = ckdir.RecordingWriter.write
+
+    def watched(self, data):
+        settings_while_writing.append(torch.serialization.get_crc32_options())
+        return write(self, data)
+
+    monkeypatch.setattr(ckdir.RecordingWriter, "write", watched)
+    ckdir.torch_save_recorded({"a": torch.randn(100_000)}, tmp_path / "ours.pt")
+    with zipfile.ZipFile(tmp_path / "ours.pt") as ours:
+        assert {info.CRC for info in ours.infolist()} == {0}  # torchbay's file: no CRC computed
+    assert settings_while_writing and all(settings_while_writing)  # torch's setting was back before the 1st byte
+
+    torch.save({"a": torch.randn(100_000)}, tmp_path / "users.pt")  # the user's own save, right after
+    with zipfile.ZipFile(tmp_path / "users.pt") as users:
+        assert users.testzip() is None and all(info.CRC for info in users.infolist() if info.file_size)
+
+
+@needs_crc_option
+def test_a_save_state_leaves_the_users_crc_choice_alone(tmp_path):
+    torch.serialization.set_crc32_options(False)  # the user's own choice, kept across torchbay's saves
+    try:
+        acc, model, opt = build()
+        acc.save_state(str(tmp_path / "ck"))
+        assert torch.serialization.get_crc32_options() is False
+    finally:
+        torch.serialization.set_crc32_options(True)
+
+
 def test_a_record_is_not_reused_for_a_changed_file(tmp_path):
     name = ckdir.torch_save_recorded({"a": torch.zeros(10)}, tmp_path / "x.pt")
     data = bytearray((tmp_path / name).read_bytes())

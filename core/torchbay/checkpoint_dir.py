@@ -169,33 +169,60 @@ def write_recorded(path: Path, write) -> str:
 
 
 _crc_lock = threading.Lock()
-_crc_users = 0  # torchbay saves running now; the first turns the CRC off, the last restores it
+_crc_users = 0  # torchbay saves starting now; the first turns the CRC off, the last restores it
 _crc_before = True
 
 
 @contextlib.contextmanager
 def _zip_crc_off():
-    """torch's zip records without CRC-32 while torchbay's own saves run (torch >= 2.6)."""
+    """torch's zip writers created inside skip the CRC-32 (torch >= 2.6); yields ``release``, which
+    gives torch its own setting back at once: torch reads it only when it creates a writer."""
     import torch
 
     global _crc_users, _crc_before
     get = getattr(torch.serialization, "get_crc32_options", None)
     set_ = getattr(torch.serialization, "set_crc32_options", None)
     if get is None or set_ is None:
-        yield
+        yield lambda: None
         return
     with _crc_lock:
         if _crc_users == 0:
             _crc_before = get()
             set_(False)
         _crc_users += 1
-    try:
-        yield
-    finally:
+    released = False
+
+    def release() -> None:
+        global _crc_users
+        nonlocal released
+        if released:
+            return
+        released = True
         with _crc_lock:
             _crc_users -= 1
             if _crc_users == 0:
                 set_(_crc_before)
+
+    try:
+        yield release
+    finally:
+        release()
+
+
+class _ReleaseOnFirstWrite:
+    """A file for ``torch.save`` that calls ``release`` before its first write: by then torch's
+    zip writer exists and has read the CRC setting."""
+
+    def __init__(self, file: Any, release) -> None:
+        self._file = file
+        self._release = release
+
+    def write(self, data) -> int:
+        self._release()
+        return self._file.write(data)
+
+    def flush(self) -> None:
+        self._file.flush()
 
 
 def torch_save_recorded(obj: Any, path: Path) -> str:
@@ -204,13 +231,15 @@ def torch_save_recorded(obj: Any, path: Path) -> str:
     The zip records are written without their CRC-32 (``torch.serialization.set_crc32_options``;
     ``torch.load`` does not check it): computing it took more than half of the time of a large
     ``torch.save``, and the manifest's xxh3-128 of the whole file, checked on every load, is the
-    stronger check. The option is torch's process-wide setting; it is off only while torchbay's
-    own saves run and restored after them.
+    stronger check. That option is torch's process-wide setting, read when a zip writer is created:
+    torchbay turns it off just before its own ``torch.save`` starts and restores it before the first
+    byte is written, so the user's own ``torch.save`` calls keep their CRC (only one that starts
+    in another thread while torchbay pickles its object would be written without it).
     """
     import torch
 
-    with _zip_crc_off():
-        return write_recorded(path, lambda file: torch.save(obj, file))
+    with _zip_crc_off() as release:
+        return write_recorded(path, lambda file: torch.save(obj, _ReleaseOnFirstWrite(file, release)))
 
 
 _sync_file_range: Any = None
