@@ -374,7 +374,8 @@ def test_disk_without_offload_folder_for_a_bin_checkpoint_says_what_to_pass(tmp_
                                                   device_map={"embed": "cpu", "blocks": "disk", "norm": "cpu",
                                                               "head": "cpu"})
     assert list((tmp_path / "off").glob("torchbay-offload-*.safetensors"))  # copies of the disk part
-    assert os.path.exists(tmp_path / "off" / "torchbay_offload_index.json")
+    index = json.loads((tmp_path / "off" / "index.json").read_text())  # Accelerate's index, safetensors entries
+    assert set(index["blocks.0.up.weight"]) == {"safetensors_file", "weight_name", "dtype"}
     assert torch.equal(model(torch.tensor([[1, 2]])), eager(torch.tensor([[1, 2]])))
 
 

@@ -1,8 +1,5 @@
-"""Smaller big-model helpers of ``accelerate.utils``: ties, state dicts, offload folders.
-
-The offload folder is torchbay's own: safetensors files and ``torchbay_offload_index.json``
-(``{name: {"file", "key", "dtype"}}``), not Accelerate's ``.dat`` files.
-"""
+"""Smaller big-model helpers of ``accelerate.utils``: ties, sizes, state dicts (offload folders
+are in offload_index.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchbay.checkpoint_loading import read_offload_index, save_offload_index, set_module_tensor_to_device, \
-    write_offload
 from torchbay.device_map import compute_module_sizes, device_of, get_max_layer_size, _units
-from torchbay.dispatch_hooks import FileSource
 
 log = logging.getLogger("torchbay")
 
@@ -79,31 +73,41 @@ def load_state_dict(checkpoint_file: str | Path, device_map: dict[str, Any] | No
     return safe_torch_load(path, "load_state_dict")
 
 
-def offload_weight(weight: torch.Tensor, weight_name: str, offload_folder: str | Path,
-                   index: dict | None = None) -> dict:
-    """Write one tensor into ``offload_folder``; its entry is added to ``index`` (returned)."""
-    index = {} if index is None else index
-    index.update(write_offload(Path(offload_folder), {weight_name: weight}))
-    return index
+def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The full state dict of a model with offloaded modules, on the cpu, one module brought in at a time."""
+    from torchbay.dispatch_hooks import align_module_device
+
+    state, meta = {}, set()
+    for name, module in model.named_modules():
+        if not name:
+            continue
+        with align_module_device(module, "cpu"):
+            for key, value in module.state_dict().items():
+                full = f"{name}.{key}"
+                if value.is_meta:
+                    meta.add(full)
+                else:
+                    state[full] = value.to("cpu")
+    left = sorted(meta - set(state))
+    if left:
+        log.warning("these tensors were not saved: they are still on the meta device: %s", left)
+    return state
 
 
-def offload_state_dict(save_dir: str | Path, state_dict: dict[str, torch.Tensor]) -> None:
-    """Write a whole state dict into the offload folder ``save_dir``, with its index."""
-    save_offload_index(write_offload(Path(save_dir), dict(state_dict)), save_dir)
+def get_state_dict_from_offload(module: nn.Module, module_name: str, state_dict: dict[str, Any],
+                                device_to_put_offload: Any = "cpu") -> dict[str, Any]:
+    """Fill ``state_dict``'s entries of ``module`` (named ``module_name``, a tensor's full name) with
+    its tensors, brought onto ``device_to_put_offload`` when the module is offloaded."""
+    from torchbay.dispatch_hooks import align_module_device, has_offloaded_params
 
-
-def load_offloaded_weight(weight_file: str | Path, weight_info: dict[str, Any]) -> torch.Tensor:
-    """One tensor of torchbay's offload folder (``weight_info``: its index entry)."""
-    return FileSource(weight_file, weight_info["key"]).load(torch.device("cpu"))
-
-
-def load_offloaded_weights(model: nn.Module, index: dict[str, Any] | None, offload_folder: str | Path) -> None:
-    """Put every weight of the offload folder back into ``model``, on the cpu."""
-    sources = read_offload_index(offload_folder)
-    for name in (index or sources):
-        set_module_tensor_to_device(model, name, "cpu", value=sources[name].load(torch.device("cpu")))
+    root = module_name[: module_name.rfind(".")]
+    with align_module_device(module, device_to_put_offload if has_offloaded_params(module) else None):
+        for key, value in module.state_dict().items():
+            if f"{root}.{key}" in state_dict:
+                state_dict[f"{root}.{key}"] = value
+    return state_dict
 
 
 __all__ = ["calculate_maximum_sizes", "check_tied_parameters_on_same_device", "clean_state_dict_for_safetensors",
-           "extract_submodules_state_dict", "load_offloaded_weight", "load_offloaded_weights", "load_state_dict",
-           "offload_state_dict", "offload_weight", "retie_parameters"]
+           "extract_submodules_state_dict", "get_state_dict_from_offload", "get_state_dict_offloaded_model",
+           "load_state_dict", "retie_parameters"]

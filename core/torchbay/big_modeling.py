@@ -14,17 +14,21 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Iterator
 
 import torch
 from torch import nn
 
-from torchbay.checkpoint_loading import (OFFLOADED, Slot, load_checkpoint_in_model, model_slots, read_offload_index,
-                                         write_offload, save_offload_index)
+from torchbay.checkpoint_loading import OFFLOADED, Slot, load_checkpoint_in_model, model_slots
 from torchbay.device_map import (CPU, DISK, accelerator_class, check_device_map, device_key,
-                                 get_balanced_memory, infer_auto_device_map, torch_device)
-from torchbay.dispatch_hooks import Borrowed, DispatchHook, FileSource, TensorSource, remove_hook_from_module
+                                 get_balanced_memory, infer_auto_device_map, named_module_tensors, torch_device)
+from torchbay.dispatch_hooks import (AlignDevicesHook, CpuOffload, UserCpuOffloadHook, add_hook_to_module,
+                                     attach_align_device_hook, remove_hook_from_module)
 from torchbay.errors import ConfigError
+from torchbay.offload_index import (INDEX as OFFLOAD_INDEX, LEGACY_INDEX as LEGACY_OFFLOAD_INDEX, FileSource,
+                                    OffloadedWeightsLoader, PrefixedDataset, read_offload_index, save_offload_index,
+                                    write_offload)
 
 DEVICE_MAP_MODES = ("auto", "balanced", "balanced_low_0", "sequential")
 
@@ -122,14 +126,14 @@ def dispatch_model(model: nn.Module, device_map: dict[str, Any], main_device: An
                 slot.assign(model, value.to(device))
         model.hf_device_map = dict(device_map)
         return model
-    disk_sources = _disk_sources(model, offload_dir, offload_index)
+    disk_entries = _disk_entries(model, offload_dir, offload_index)
     plan, unresolved, no_folder = [], [], []
     transient_ids = {id(s) for s in transient}
     for slot in slots + transient:  # everything is checked before the model changes
         places = [keys[_unit_of(n, keys)] for n in slot.names]
         place = next((p for p in places if p not in offloaded), places[0])
         off = place in offloaded and (slot.is_param or offload_buffers) and id(slot) not in transient_ids
-        stored = off and place == DISK and any(n in disk_sources for n in slot.names)
+        stored = off and place == DISK and any(n in disk_entries for n in slot.names)
         if not stored and slot.tensor.device.type == "meta" and not (
                 state_dict is not None and any(n in state_dict for n in slot.names)):
             unresolved.append(" = ".join(slot.names))
@@ -143,22 +147,36 @@ def dispatch_model(model: nn.Module, device_map: dict[str, Any], main_device: An
     if no_folder:
         raise ConfigError(f"device_map puts {', '.join(no_folder[:12])} on 'disk' and no offload folder holds them: "
                           f"pass offload_dir= (a folder for their copies)", header="cannot offload to disk")
-    home: dict[int, Any] = {}  # slot id -> torch device, or a source for offloaded slots
-    pending: dict[str, torch.Tensor] = {}
+    home: dict[int, Any] = {}  # slot id -> torch device, or None for an offloaded slot
+    cpu_weights: dict[str, torch.Tensor] = {}
+    index: dict[str, dict] = {}
+    pending: dict[str, Slot] = {}
     for slot, place, off in plan:
+        home[id(slot)] = None if off else torch_device(main if place in offloaded else place)
+        if off and place == DISK:
+            entry = next((disk_entries[n] for n in slot.names if n in disk_entries), None)
+            if entry is None:
+                pending[slot.names[0]] = slot
+            else:
+                index.update({n: entry for n in slot.names})
+            continue
+        device = torch_device(CPU) if off else home[id(slot)]
+        value = _resolve(slot, device, state_dict)
+        if value is not slot.tensor or value.device != device:
+            slot.assign(model, value.to(device))
         if off:
-            home[id(slot)] = _offload(slot, place, state_dict, disk_sources, pending)
-        else:
-            device = torch_device(main if place in offloaded else place)
-            value = _resolve(slot, device, state_dict)
-            if value is not slot.tensor or value.device != device:
-                slot.assign(model, value.to(device))
-            home[id(slot)] = device
-    _write_pending(pending, offload_dir, slots, home)
-    for slot in slots:
-        if not isinstance(home[id(slot)], torch.device) and slot.tensor.device.type != "meta":
+            cpu_weights.update({n: slot.tensor for n in slot.names})
+    if pending:
+        written = write_offload(Path(offload_dir), {name: _resolve(slot, CPU, state_dict)
+                                                    for name, slot in pending.items()})
+        for name, slot in pending.items():
+            index.update({n: written[name].entry() for n in slot.names})
             slot.assign(model, torch.empty(slot.tensor.shape, dtype=slot.tensor.dtype, device="meta"))
-    _attach_hooks(model, keys, main, offloaded, slots + transient, home, skip_keys, preload_module_classes or [])
+        save_offload_index({n: e for n, e in index.items() if any(n in s.names for s in pending.values())},
+                           offload_dir)
+    loader = OffloadedWeightsLoader(state_dict=cpu_weights, save_folder=offload_dir, index=index)
+    _attach_hooks(model, keys, main, offloaded, slots + transient, home, loader, offload_buffers, skip_keys,
+                  preload_module_classes or [])
     model.hf_device_map = dict(device_map)
     return model
 
@@ -171,54 +189,38 @@ def _unit_of(name: str, keys: dict[str, Any]) -> str:
     raise KeyError(name)
 
 
-def _disk_sources(model: nn.Module, offload_dir, offload_index) -> dict[str, Any]:
-    sources = dict(OFFLOADED.get(model, {}))
+def _disk_entries(model: nn.Module, offload_dir, offload_index) -> dict[str, dict]:
+    """Where the weights that wait on disk are: Accelerate's offload index entries by name."""
+    entries = {name: source.entry() for name, source in OFFLOADED.get(model, {}).items()}
     if offload_index:
         for name, entry in offload_index.items():
-            if isinstance(entry, (FileSource, TensorSource)):
-                sources[name] = entry
-            elif isinstance(entry, dict) and "file" in entry and "key" in entry:
-                sources[name] = FileSource(entry["file"], entry["key"])
-            else:
-                raise ConfigError(f"offload_index['{name}'] is {entry!r}: torchbay reads its own offload index "
-                                  f"({{'file': ..., 'key': ...}}), not Accelerate's .dat files; offload with "
-                                  f"torchbay (disk_offload or load_checkpoint_and_dispatch(offload_folder=...))",
-                                  header="cannot dispatch the model")
-    elif offload_dir is not None and (Path(offload_dir) / "torchbay_offload_index.json").exists() and not sources:
-        sources = read_offload_index(offload_dir)
-    return sources
+            entries[name] = _index_entry(name, entry, offload_dir)
+    elif offload_dir is not None and not entries and any(
+            (Path(offload_dir) / f).exists() for f in (OFFLOAD_INDEX, LEGACY_OFFLOAD_INDEX)):
+        entries = read_offload_index(offload_dir)
+    return entries
 
 
-def _offload(slot: Slot, place: Any, state_dict, disk_sources, pending: dict) -> Any:
-    """Where an offloaded slot waits: a cpu tensor, or a safetensors file on disk (``None``: the
-    tensor is added to ``pending``, to be written into the offload folder)."""
-    source = next((disk_sources[n] for n in slot.names if n in disk_sources), None) if place == DISK else None
-    if source is not None:
-        return source
-    value = _resolve(slot, place, state_dict)
-    if place == CPU:
-        return TensorSource(value.to("cpu"))
-    pending[slot.names[0]] = value
-    return None
+def _index_entry(name: str, entry: Any, offload_dir) -> dict:
+    if isinstance(entry, FileSource):
+        return entry.entry()
+    if isinstance(entry, Mapping) and entry.get("safetensors_file") is not None:
+        return dict(entry)
+    if isinstance(entry, Mapping) and "dtype" in entry and "shape" in entry:
+        if offload_dir is None:
+            raise ConfigError(f"offload_index['{name}'] is a .dat entry of an offload folder: pass offload_dir= (the "
+                              f"folder that holds {name}.dat)", header="cannot dispatch the model")
+        return dict(entry)
+    if isinstance(entry, Mapping) and "file" in entry and "key" in entry:  # torchbay's former index entries
+        return FileSource(entry["file"], entry["key"]).entry()
+    raise ConfigError(f"offload_index['{name}'] is {entry!r}: an entry is {{'safetensors_file', 'weight_name', "
+                      f"'dtype'}} (a tensor of a safetensors file) or {{'dtype', 'shape'}} (a .dat file of "
+                      f"offload_dir), as Accelerate writes them", header="cannot dispatch the model")
 
 
-def _write_pending(pending: dict, offload_dir, slots: list[Slot], home: dict) -> None:
-    if not pending:
-        return
-    if offload_dir is None:
-        raise ConfigError(f"device_map puts {', '.join(list(pending)[:5])} on 'disk' and no offload folder holds them: "
-                          f"pass offload_dir= (a folder for their copies)", header="cannot offload to disk")
-    written = write_offload(Path(offload_dir), pending)
-    index = {}
-    for slot in slots:
-        if slot.names[0] in written:
-            home[id(slot)] = written[slot.names[0]]
-            index.update({n: written[slot.names[0]] for n in slot.names})
-    save_offload_index(index, offload_dir)
-
-
-def _attach_hooks(model, keys, main, offloaded, slots, home, skip_keys, preload) -> None:
-    """One hook per module that needs one (see dispatch_hooks.py)."""
+def _attach_hooks(model, keys, main, offloaded, slots, home, loader, offload_buffers, skip_keys, preload) -> None:
+    """One :class:`AlignDevicesHook` per module that needs one: the root of each device-map
+    entry, and every module that holds a tensor living elsewhere (offloaded, or a tie)."""
     owner_slots: dict[str, list[tuple[str, Slot]]] = {}
     for slot in slots:
         for name in slot.names:
@@ -251,22 +253,20 @@ def _attach_hooks(model, keys, main, offloaded, slots, home, skip_keys, preload)
     by_name = {n: s for s in slots for n in s.names}
     for name, device in exec_device.items():
         module = model.get_submodule(name)
-        if type(module).__name__ in preload:
-            items = [(f"{name}.{n}".strip(".").rpartition(".")[0], n.rpartition(".")[2]) for n, _ in _tensors(module)]
-        else:
-            items = [(name, leaf) for leaf, _ in owner_slots.get(name, [])]
-        borrowed = []
-        for owner, leaf in items:
-            slot = by_name[f"{owner}.{leaf}" if owner else leaf]
-            where = home[id(slot)]
-            if isinstance(where, torch.device):
-                if where != device:
-                    borrowed.append(Borrowed(model.get_submodule(owner), leaf, TensorSource(slot.tensor)))
-            else:
-                borrowed.append(Borrowed(model.get_submodule(owner), leaf, where))
-        DispatchHook(device, borrowed, io_same_device=(name == ""), skip_keys=skip_keys).attach(module)
+        whole = type(module).__name__ in preload
+        tensors = [n for n, _ in _tensors(module)] if whole else [leaf for leaf, _ in owner_slots.get(name, [])]
+        slot_of = {rel: by_name[f"{name}.{rel}" if name else rel] for rel in tensors
+                   if (f"{name}.{rel}" if name else rel) in by_name}
+        offload = any(home[id(slot)] is None for slot in slot_of.values())
+        hook = AlignDevicesHook(execution_device=device, offload=offload, io_same_device=(name == ""),
+                                weights_map=PrefixedDataset(loader, f"{name}." if name else "") if offload else None,
+                                offload_buffers=offload_buffers, place_submodules=whole, skip_keys=skip_keys)
+        # a tensor placed on a device stays there: lent to this module for its forward when it lives elsewhere
+        hook.lent = {rel: slot.tensor for rel, slot in slot_of.items()
+                     if home[id(slot)] is not None and (offload or home[id(slot)] != device)}
+        add_hook_to_module(module, hook)
     if "" not in exec_device:
-        DispatchHook(torch_device(main), [], io_same_device=True, skip_keys=skip_keys).attach(model)
+        add_hook_to_module(model, AlignDevicesHook(torch_device(main), io_same_device=True, skip_keys=skip_keys))
 
 
 def _tensors(module: nn.Module):
@@ -331,49 +331,59 @@ def _default_execution_device(execution_device: Any) -> Any:
 def cpu_offload(model: nn.Module, execution_device: Any = None, offload_buffers: bool = False,
                 state_dict: dict[str, torch.Tensor] | None = None,
                 preload_module_classes: list[str] | None = None) -> nn.Module:
-    """Keep the weights on the cpu; each module's come to ``execution_device`` while it runs."""
-    return dispatch_model(model, {"": CPU}, main_device=_default_execution_device(execution_device),
-                          state_dict=state_dict, offload_buffers=offload_buffers,
-                          preload_module_classes=preload_module_classes, force_hooks=True)
+    """Keep the weights on the cpu; each module's come to ``execution_device`` (default: the
+    accelerator big-model placement uses, else the cpu) while it runs."""
+    execution_device = _execution_device(execution_device)
+    if state_dict is None:  # parameter objects kept: a tie is still one tensor once the hooks are removed
+        state_dict = {name: tensor.to("cpu") for name, tensor in _persistent_tensors(model)}
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    attach_align_device_hook(model, execution_device=execution_device, offload=True, offload_buffers=offload_buffers,
+                             weights_map=state_dict, preload_module_classes=preload_module_classes)
+    return model
 
 
 def disk_offload(model: nn.Module, offload_dir: str | Path, execution_device: Any = None,
                  offload_buffers: bool = False, preload_module_classes: list[str] | None = None) -> nn.Module:
-    """Write the weights to ``offload_dir`` (safetensors) and read each module's while it runs."""
-    return dispatch_model(model, {"": DISK}, main_device=_default_execution_device(execution_device),
-                          offload_dir=offload_dir, offload_buffers=offload_buffers,
-                          preload_module_classes=preload_module_classes, force_hooks=True)
+    """Write the weights into ``offload_dir`` (a new safetensors file and ``index.json``) and
+    read each module's while it runs."""
+    execution_device = _execution_device(execution_device)
+    tensors = dict(_persistent_tensors(model))
+    missing = sorted(name for name, t in tensors.items() if t.is_meta)
+    if missing:
+        raise ConfigError(f"{', '.join(missing[:12])} are on the meta device: disk_offload writes the model's own "
+                          f"weights; load them first (or use load_checkpoint_and_dispatch)",
+                          header="cannot offload to disk")
+    first: dict[int, str] = {}  # a tied tensor is written once, under its first name
+    for name, tensor in tensors.items():
+        first.setdefault(id(tensor), name)
+    written = write_offload(Path(offload_dir), {name: tensors[name] for name in first.values()})
+    index = {name: written[first[id(tensor)]].entry() for name, tensor in tensors.items()}
+    save_offload_index(index, offload_dir)
+    loader = OffloadedWeightsLoader(save_folder=offload_dir, index=index)
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    attach_align_device_hook(model, execution_device=execution_device, offload=True, offload_buffers=offload_buffers,
+                             weights_map=loader, preload_module_classes=preload_module_classes)
+    return model
 
 
-class UserCpuOffloadHook:
-    """Returned by :func:`cpu_offload_with_hook`: ``offload()`` sends the model back to the cpu,
-    ``remove()`` takes the hook off."""
+def _persistent_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter and persistent buffer under each of its names (parameter objects kept)."""
+    return (list(model.named_parameters(remove_duplicate=False))
+            + [(n, b) for n, b in named_module_tensors(model, recurse=True, remove_non_persistent=True)
+               if n not in dict(model.named_parameters(remove_duplicate=False))])
 
-    def __init__(self, model: nn.Module, execution_device: torch.device, prev: UserCpuOffloadHook | None):
-        self.model, self.execution_device, self.prev = model, execution_device, prev
-        self.handle = model.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
 
-    def _pre_forward(self, module: nn.Module, args: tuple, kwargs: dict):
-        from torchbay.operations import send_to_device
-
-        if self.prev is not None:
-            self.prev.offload()
-        module.to(self.execution_device)
-        return send_to_device(args, self.execution_device), send_to_device(kwargs, self.execution_device)
-
-    def offload(self) -> None:
-        self.model.to("cpu")
-
-    def remove(self) -> None:
-        self.handle.remove()
+def _execution_device(execution_device: Any) -> torch.device:
+    return torch_device(device_key(_default_execution_device(execution_device)))
 
 
 def cpu_offload_with_hook(model: nn.Module, execution_device: Any = None,
                           prev_module_hook: UserCpuOffloadHook | None = None) -> tuple[nn.Module, UserCpuOffloadHook]:
     """Move the whole model to ``execution_device`` when it runs and leave it there until
     ``hook.offload()``; chained with ``prev_module_hook``, running this model first offloads that one."""
-    device = torch_device(device_key(_default_execution_device(execution_device)))
-    return model, UserCpuOffloadHook(model, device, prev_module_hook)
+    hook = CpuOffload(execution_device=_execution_device(execution_device), prev_module_hook=prev_module_hook)
+    add_hook_to_module(model, hook, append=True)
+    return model, UserCpuOffloadHook(model, hook)
 
 
 __all__ = ["UserCpuOffloadHook", "cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",

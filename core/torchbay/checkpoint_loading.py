@@ -11,7 +11,6 @@ survive. The checkpoint is checked against the model before anything changes.
 
 from __future__ import annotations
 
-import json
 import logging
 import warnings
 import weakref
@@ -23,11 +22,10 @@ from torch import nn
 
 from torchbay.checkpoint_files import CheckpointFiles, resolve_checkpoint
 from torchbay.device_map import DISK, check_device_map, device_key, device_of, parse_dtype, torch_device
-from torchbay.dispatch_hooks import FileSource, TensorSource
 from torchbay.errors import CheckpointError, ConfigError
+from torchbay.offload_index import FileSource, save_offload_index, write_offload
 
 log = logging.getLogger("torchbay")
-OFFLOAD_INDEX = "torchbay_offload_index.json"
 
 #: model -> {tensor name: source} of the weights load_checkpoint_in_model left on disk
 OFFLOADED: "weakref.WeakKeyDictionary[nn.Module, dict[str, Any]]" = weakref.WeakKeyDictionary()
@@ -233,48 +231,6 @@ def _refuse_unsupported(**flags: Any) -> None:
                           f"itself, without quantization; leave these at their defaults", header="cannot load")
 
 
-# --- the offload folder -------------------------------------------------------------------
-
-
-def write_offload(folder: Path, tensors: dict[str, torch.Tensor]) -> dict[str, FileSource]:
-    """Write ``tensors`` into a new safetensors file of ``folder`` (never over an existing file)."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    number = 0
-    while (folder / f"torchbay-offload-{number:05d}.safetensors").exists():
-        number += 1
-    path = folder / f"torchbay-offload-{number:05d}.safetensors"
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path))
-    return {k: FileSource(path, k, v.dtype) for k, v in tensors.items()}
-
-
-def save_offload_index(index: dict[str, Any], offload_folder: str | Path) -> None:
-    """Record where each offloaded tensor is (``torchbay_offload_index.json``, merged with one
-    torchbay wrote before; a file of that name that torchbay did not write is left alone)."""
-    folder = Path(offload_folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / OFFLOAD_INDEX
-    entries = read_offload_index(folder) if path.exists() else {}
-    entries.update({k: v for k, v in index.items()})
-    data = {"format": "torchbay-offload-1",
-            "weights": {k: (v.describe() if isinstance(v, FileSource) else v) for k, v in entries.items()}}
-    path.write_text(json.dumps(data, indent=1))
-
-
-def read_offload_index(folder: str | Path) -> dict[str, FileSource]:
-    path = Path(folder) / OFFLOAD_INDEX
-    try:
-        data = json.loads(path.read_text())
-        assert data.get("format") == "torchbay-offload-1"
-        return {k: FileSource(v["file"], v["key"], parse_dtype(v.get("dtype"))) for k, v in data["weights"].items()}
-    except FileNotFoundError:
-        raise CheckpointError(f"{folder} holds no {OFFLOAD_INDEX}: it is not an offload folder torchbay wrote") \
-            from None
-    except Exception:
-        raise CheckpointError(f"{path} is not an offload index torchbay wrote; use another offload folder") from None
-
-
 def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: Any, value: torch.Tensor | None = None,
                                 dtype: Any = None, fp16_statistics: Any = None, tied_params_map: Any = None,
                                 non_blocking: bool = False, clear_cache: bool = True) -> None:
@@ -305,5 +261,4 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: Any
         owner._buffers[leaf] = new
 
 
-__all__ = ["OFFLOADED", "TensorSource", "load_checkpoint_in_model", "read_offload_index", "save_offload_index",
-           "set_module_tensor_to_device", "write_offload"]
+__all__ = ["OFFLOADED", "load_checkpoint_in_model", "set_module_tensor_to_device"]

@@ -116,7 +116,8 @@ def get_max_memory(max_memory: dict[int | str, int | str] | None = None) -> dict
     """Bytes per device, accelerator indexes first, then ``"cpu"`` (then ``"disk"`` if given).
 
     Without ``max_memory``: each device's ``placement_budget`` (free memory less a headroom for
-    activations), asked from the device plugins.
+    activations), asked from the device plugins. As in Accelerate, the sizes written as strings
+    in the caller's dict are converted there, in place (transformers relies on it).
     """
     if max_memory is None:
         out: dict[int | str, int] = {}
@@ -128,6 +129,9 @@ def get_max_memory(max_memory: dict[int | str, int | str] | None = None) -> dict
     parsed = {}
     for key, value in max_memory.items():
         parsed[device_key(key)] = parse_size(value, f"max_memory[{key!r}]")
+    for key, value in list(max_memory.items()):
+        if isinstance(value, str):
+            max_memory[key] = parsed[device_key(key)]
     indexes = sorted(k for k in parsed if isinstance(k, int))
     return {**{i: parsed[i] for i in indexes}, **{k: parsed[k] for k in (CPU, DISK) if k in parsed}}
 
@@ -268,7 +272,7 @@ def device_of(name: str, device_map: dict[str, Any]) -> Any:
     raise KeyError(name)
 
 
-def clean_device_map(device_map: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+def group_device_map(device_map: dict[str, Any], model: nn.Module) -> dict[str, Any]:
     """Replace entries by their module wherever every tensor of the module goes to one device."""
     tensor_device = {name: device_of(name, device_map) for name in all_tensor_names(model)}
     per_module: dict[str, set] = defaultdict(set)
@@ -286,6 +290,71 @@ def clean_device_map(device_map: dict[str, Any], model: nn.Module) -> dict[str, 
                 break
         out.setdefault(key, device)
     return out
+
+
+def clean_device_map(device_map: dict[str, Any], module_name: str = "") -> dict[str, Any]:
+    """Accelerate's clean-up, in place: the entries under ``module_name`` that all name one device
+    become one entry for the module (recursively, children after their parent)."""
+    prefix = f"{module_name}." if module_name else ""
+    under = [k for k in device_map if k.startswith(prefix)]
+    values = [device_map[k] for k in under]
+    if len(values) > 1 and len({(type(v).__name__, str(v)) for v in values}) == 1:
+        for key in under:
+            del device_map[key]
+        device_map[module_name] = values[0]
+    depth = len(module_name.split(".")) + 1 if module_name else 1
+    children = {".".join(k.split(".")[:depth]) for k in device_map if k.startswith(prefix) and len(k) > len(module_name)}
+    for child in children:
+        clean_device_map(device_map, module_name=child)
+    return device_map
+
+
+def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: bool = False) -> set[str]:
+    """Names of the buffers of ``module`` that its state dict leaves out."""
+    found = set(module._non_persistent_buffers_set)
+    if recurse:
+        for name, sub in module.named_modules():
+            if name:
+                found |= {f"{name}.{b}" if fqns else b for b in sub._non_persistent_buffers_set}
+    return found
+
+
+def get_module_leaves(module_sizes: dict[str, int]) -> list[str]:
+    """The names of ``module_sizes`` that no other name is a child of (the model excluded)."""
+    children: dict[str, int] = defaultdict(int)
+    for name in module_sizes:
+        if name and "." in name:
+            children[name.rsplit(".", 1)[0]] += 1
+    return [name for name in module_sizes if name and children.get(name, 0) == 0]
+
+
+def compute_module_total_buffer_size(model: nn.Module, dtype: Any = None,
+                                     special_dtypes: dict[str, Any] | None = None) -> int:
+    """Bytes of all the buffers of ``model``."""
+    return compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True).get("", 0)
+
+
+def get_module_size_with_ties(tied_params: list[str], module_size: int, module_sizes: dict[str, int],
+                              modules_to_treat: list[tuple[str, nn.Module]]) -> tuple[int, list[str], list]:
+    """The size of a module with the modules its ``tied_params`` live in (those counted once),
+    their names and the modules: what placing it next to its tied partners costs."""
+    if not tied_params:
+        return module_size, [], []
+    names, modules = [], []
+    for param in tied_params:
+        name, module = next((n, m) for n, m in modules_to_treat if param.startswith(n + "."))
+        names.append(name)
+        modules.append(module)
+    size = module_size + sum(module_sizes[name] - module_sizes[param] for param, name in zip(tied_params, names))
+    return size, names, modules
+
+
+def check_device_same(first_device: Any, second_device: Any) -> bool:
+    """Whether two devices are the same, an accelerator without index meaning index 0."""
+    first, second = torch.device(first_device), torch.device(second_device)
+    if first.type != second.type:
+        return False
+    return (first.index or 0) == (second.index or 0)
 
 
 from torchbay.device_map_infer import get_balanced_memory, infer_auto_device_map  # noqa: E402,F401

@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from torchbay.device_map import (CPU, DISK, _error, _splittable, _units, clean_device_map, compute_module_sizes,
+from torchbay.device_map import (CPU, DISK, _error, _splittable, _units, compute_module_sizes, group_device_map,
                                  find_tied_parameters, get_max_layer_size, get_max_memory)
 
 log = logging.getLogger("torchbay")
@@ -112,7 +112,7 @@ def infer_auto_device_map(model: nn.Module, max_memory: dict[int | str, int | st
         if placed.get(name) == DISK and size > max(
                 (budgets[d] - reserve.get(d, 0) for d in devices if d != DISK), default=0) and verbose:
             log.info("%s (%s) fits on no device of max_memory: it goes to disk", name, _mb(size))
-    return clean_device_map(placed, model) if clean_result else placed
+    return group_device_map(placed, model) if clean_result else placed
 
 
 def _under(name: str, unit: str) -> bool:

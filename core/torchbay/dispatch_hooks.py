@@ -1,247 +1,511 @@
-"""The forward hooks of a dispatched model: inputs to the right device, offloaded weights in.
+"""Module hooks: the one machinery behind dispatched and offloaded models.
 
-Each placed module gets one :class:`DispatchHook`, attached with torch's own forward hooks
-(``register_forward_pre_hook`` / ``register_forward_hook(always_call=True)``), so nothing
-replaces the module's ``forward``. Before the forward, the hook moves the inputs to the
-module's execution device and *borrows* the tensors that live elsewhere: an offloaded weight
-(kept on the cpu or read from a safetensors file on disk) or a tied weight whose home is on
-another device. After the forward (even a failed one) it puts the placeholders back, so an
-offloaded weight occupies the execution device only while its module runs. The model's own
-hook (the root) moves the outputs back to the device the inputs came from.
+These are the objects Accelerate's ``accelerate.hooks`` defines, with its semantics, because
+transformers, peft and diffusers build, subclass and read them: a :class:`ModelHook` sits in
+``module._hf_hook``; :func:`add_hook_to_module` replaces ``module.forward`` by a function that
+calls ``hook.pre_forward(module, *args, **kwargs)``, the original forward (kept as
+``module._old_forward``) and ``hook.post_forward(module, output)``.
 
-:func:`remove_hook_from_module` undoes it.
+:class:`AlignDevicesHook` is what ``dispatch_model``, ``cpu_offload`` and ``disk_offload``
+attach: inputs go to ``execution_device``; with ``offload`` the module's own tensors wait as
+meta placeholders and come from ``weights_map`` (a cpu state dict, or an
+:class:`~torchbay.offload_index.OffloadedWeightsLoader` reading the disk) while the module
+runs. Two refinements over Accelerate, both invisible to its callers: a module called again
+from inside its own forward keeps what it loaded, and a tied weight whose home is another
+device is lent for the forward (the tie survives; docs/big-model-inference.md).
+
+Differences from Accelerate, chosen: removing an offloading hook puts weights that waited on
+disk back as real cpu tensors (Accelerate leaves them on the meta device), so the module runs
+as a plain module again; a weight replaced while hooked (a new checkpoint loaded) is kept.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-from collections import OrderedDict
-from pathlib import Path
-from typing import Any, Iterable
+import contextlib
+import functools
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
-from torchbay.operations import send_to_device
+from torchbay.device_map import named_module_tensors
+from torchbay.operations import find_device, send_to_device
 
-ATTR = "_torchbay_dispatch"
-
-
-# --- where a borrowed tensor comes from ------------------------------------------------------
+_CPU = torch.device("cpu")
 
 
-class TensorSource:
-    """A tensor kept on another device (the cpu for cpu offload, or a tied weight's home)."""
-
-    def __init__(self, tensor: torch.Tensor):
-        self.tensor = tensor
-
-    def load(self, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
-        return self.tensor.to(device=device, dtype=dtype or self.tensor.dtype, non_blocking=False)
+# --- the hook protocol ---------------------------------------------------------------------
 
 
-class FileSource:
-    """One tensor of a safetensors file, read (memory-mapped) when needed, converted to ``dtype``.
+class ModelHook:
+    """Callbacks around a module's forward; subclass and override what you need.
 
-    The most recently used file stays open; an older one is closed, so that the pages of
-    offloaded weights leave the process once their modules have run.
+    ``no_grad = True`` runs the forward under ``torch.no_grad()``.
     """
 
-    _handles: "OrderedDict[tuple, Any]" = OrderedDict()
-    _keep = 1
-    _lock = threading.Lock()
+    no_grad = False
 
-    def __init__(self, path: str | Path, key: str, dtype: torch.dtype | None = None):
-        self.path, self.key, self.dtype = str(path), key, dtype
+    def init_hook(self, module: nn.Module) -> nn.Module:
+        """Called when the hook is attached."""
+        return module
 
-    @classmethod
-    def handle(cls, path: str):
-        from safetensors import safe_open
-
-        info = os.stat(path)
-        key = (path, info.st_ino, info.st_size, info.st_mtime_ns)  # a file written again is opened again
-        with cls._lock:
-            if key not in cls._handles:
-                cls._handles[key] = safe_open(path, framework="pt", device="cpu")
-                while len(cls._handles) > cls._keep:
-                    cls._handles.popitem(last=False)
-            cls._handles.move_to_end(key)
-            return cls._handles[key]
-
-    def load(self, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
-        tensor = self.handle(self.path).get_tensor(self.key)  # a view of the mapped file: no copy yet
-        dtype = dtype or self.dtype
-        if dtype is not None and tensor.is_floating_point():
-            return tensor.to(device=device, dtype=dtype)
-        return tensor.to(device=device)
-
-    def describe(self) -> dict[str, Any]:
-        return {"file": self.path, "key": self.key, "dtype": str(self.dtype).replace("torch.", "") if self.dtype
-                else None}
-
-
-# --- the hook ------------------------------------------------------------------------------
-
-
-class Borrowed:
-    """Tensor ``name`` of ``owner`` (a parameter or a buffer), filled from ``source`` while it runs."""
-
-    __slots__ = ("owner", "name", "is_param", "source", "placeholder")
-
-    def __init__(self, owner: nn.Module, name: str, source: Any):
-        self.owner, self.name, self.source = owner, name, source
-        self.is_param = name in owner._parameters
-        self.placeholder = owner._parameters[name] if self.is_param else owner._buffers[name]
-
-    def fill(self, device: torch.device) -> None:
-        tensor = self.source.load(device, self.placeholder.dtype)
-        if self.is_param:
-            self.owner._parameters[self.name] = nn.Parameter(tensor, requires_grad=False)
-        else:
-            self.owner._buffers[self.name] = tensor
-
-    def empty(self) -> None:
-        if self.is_param:
-            self.owner._parameters[self.name] = self.placeholder
-        else:
-            self.owner._buffers[self.name] = self.placeholder
-
-
-class DispatchHook:
-    """What one module of a dispatched model does around its forward (see the module doc)."""
-
-    def __init__(self, execution_device: torch.device | None, borrowed: Iterable[Borrowed] = (), *,
-                 io_same_device: bool = False, skip_keys: str | list[str] | None = None,
-                 move_inputs: bool = True):
-        self.execution_device = execution_device
-        self.borrowed = list(borrowed)
-        self.io_same_device = io_same_device
-        self.skip_keys = skip_keys
-        self.move_inputs = move_inputs and execution_device is not None
-        self.handles: list[Any] = []
-        self._input_devices: list[torch.device | None] = []
-        self._depth = 0
-
-    @property
-    def offloaded(self) -> bool:
-        return any(not isinstance(b.source, TensorSource) or b.placeholder.device.type == "meta"
-                   for b in self.borrowed)
-
-    def attach(self, module: nn.Module) -> None:
-        if getattr(module, ATTR, None) is not None:
-            remove_hook_from_module(module)
-        self.handles = [module.register_forward_pre_hook(self.pre_forward, with_kwargs=True),
-                        module.register_forward_hook(self.post_forward, with_kwargs=True, always_call=True)]
-        setattr(module, ATTR, self)
-
-    def pre_forward(self, module: nn.Module, args: tuple, kwargs: dict):
-        if self.io_same_device:
-            self._input_devices.append(_first_device((args, kwargs)))
-        self._depth += 1
-        if self._depth == 1:  # a module called again from its own forward keeps what it borrowed
-            for item in self.borrowed:
-                item.fill(self.execution_device)
-        if self.move_inputs:
-            args = send_to_device(args, self.execution_device)
-            kwargs = send_to_device(kwargs, self.execution_device, skip_keys=self.skip_keys)
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+        """Called before the forward; returns the (possibly changed) ``args, kwargs``."""
         return args, kwargs
 
-    def post_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any):
-        self._depth -= 1
-        if self._depth == 0:
-            for item in self.borrowed:
-                item.empty()
-        if self.io_same_device and self._input_devices:
-            device = self._input_devices.pop()
-            if device is not None:
-                return send_to_device(output, device, skip_keys=self.skip_keys)
+    def post_forward(self, module: nn.Module, output: Any) -> Any:
+        """Called after the forward; returns the (possibly changed) output."""
         return output
 
-    def detach(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
+    def detach_hook(self, module: nn.Module) -> nn.Module:
+        """Called when the hook is removed."""
+        return module
+
+    def forward_failed(self, module: nn.Module) -> None:
+        """torchbay: called instead of ``post_forward`` when the forward raised (Accelerate calls
+        nothing); an offloading hook puts its placeholders back."""
 
 
-def _first_device(data: Any) -> torch.device | None:
-    if isinstance(data, torch.Tensor):
-        return data.device
-    if isinstance(data, dict):
-        data = list(data.values())
-    if isinstance(data, (list, tuple)):
-        for item in data:
-            found = _first_device(item)
-            if found is not None:
-                return found
-    return None
+class SequentialHook(ModelHook):
+    """Several hooks run one after the other (``add_hook_to_module(..., append=True)`` builds it)."""
+
+    def __init__(self, *hooks: ModelHook):
+        self.hooks = hooks
+
+    def init_hook(self, module):
+        for hook in self.hooks:
+            module = hook.init_hook(module)
+        return module
+
+    def pre_forward(self, module, *args, **kwargs):
+        for hook in self.hooks:
+            args, kwargs = hook.pre_forward(module, *args, **kwargs)
+        return args, kwargs
+
+    def post_forward(self, module, output):
+        for hook in self.hooks:
+            output = hook.post_forward(module, output)
+        return output
+
+    def detach_hook(self, module):
+        for hook in self.hooks:
+            module = hook.detach_hook(module)
+        return module
+
+    def forward_failed(self, module):
+        for hook in self.hooks:
+            getattr(hook, "forward_failed", lambda m: None)(module)
 
 
-def add_hook_to_module(module: nn.Module, hook: DispatchHook) -> nn.Module:
-    hook.attach(module)
+def _hooked_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    hook = module._hf_hook
+    args, kwargs = hook.pre_forward(module, *args, **kwargs)
+    try:
+        with torch.no_grad() if hook.no_grad else contextlib.nullcontext():
+            output = module._old_forward(*args, **kwargs)
+    except BaseException:
+        getattr(hook, "forward_failed", lambda m: None)(module)
+        raise
+    return module._hf_hook.post_forward(module, output)
+
+
+def _is_graph_module(module: nn.Module) -> bool:
+    # a torch.fx GraphModule's forward is set on its class: an instance attribute would freeze the graph
+    return "GraphModuleImpl" in str(type(module))
+
+
+def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False) -> nn.Module:
+    """Attach ``hook`` to ``module`` (replacing its hook, or chained after it with ``append``)."""
+    if append and getattr(module, "_hf_hook", None) is not None:
+        previous = module._hf_hook
+        remove_hook_from_module(module)
+        hook = SequentialHook(previous, hook)
+    if not (hasattr(module, "_hf_hook") and hasattr(module, "_old_forward")):
+        module._old_forward = module.forward
+    old_forward = module._old_forward
+    module = hook.init_hook(module)
+    module._hf_hook = hook
+    forward = functools.update_wrapper(functools.partial(_hooked_forward, module), old_forward)
+    if _is_graph_module(module):
+        module.__class__.forward = forward
+    else:
+        module.forward = forward
     return module
 
 
 def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Module:
-    """Take off torchbay's dispatch hook (and, with ``recurse``, those of every submodule).
-
-    Borrowed weights are put back as real tensors on the cpu (offloaded ones are read from
-    their source) so that the module runs as a plain module again; weights already placed on
-    a device stay there. ``model.hf_device_map`` is left as it was.
-    """
-    modules = list(module.modules()) if recurse else [module]
-    for sub in modules:
-        hook = getattr(sub, ATTR, None)
-        if hook is None:
-            continue
-        hook.detach()
-        cpu = torch.device("cpu")
-        for item in hook.borrowed:
-            current = (item.owner._parameters if item.is_param else item.owner._buffers).get(item.name)
-            if current is not item.placeholder:
-                continue  # replaced since it was dispatched (a new checkpoint loaded): keep the new tensor
-            if item.placeholder.device.type == "meta":
-                item.placeholder = _as_kind(item, item.source.load(cpu, item.placeholder.dtype))
-            item.empty()
-        delattr(sub, ATTR)
+    """Detach the hook of ``module`` (and, with ``recurse``, of every submodule) and give its
+    forward back."""
+    if hasattr(module, "_hf_hook"):
+        module._hf_hook.detach_hook(module)
+        delattr(module, "_hf_hook")
+    if hasattr(module, "_old_forward"):
+        if _is_graph_module(module):
+            module.__class__.forward = module._old_forward
+        else:
+            module.forward = module._old_forward
+        delattr(module, "_old_forward")
+    if recurse:
+        for child in module.children():
+            remove_hook_from_module(child, recurse)
     return module
 
 
-def _as_kind(item: Borrowed, tensor: torch.Tensor) -> torch.Tensor:
-    return nn.Parameter(tensor, requires_grad=item.placeholder.requires_grad) if item.is_param else tensor
-
-
 def remove_hook_from_submodules(module: nn.Module) -> None:
+    """Detach the hooks of ``module`` and of all its submodules."""
     remove_hook_from_module(module, recurse=True)
 
 
+# --- moving tensors in and out -------------------------------------------------------------
+
+
+def _owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
+    owner, _, leaf = name.rpartition(".")
+    return (module.get_submodule(owner) if owner else module), leaf
+
+
+def _current(module: nn.Module, name: str) -> torch.Tensor:
+    owner, leaf = _owner(module, name)
+    return owner._parameters[leaf] if leaf in owner._parameters else owner._buffers[leaf]
+
+
+def _put(module: nn.Module, name: str, value: torch.Tensor, like: torch.Tensor | None = None) -> None:
+    """Set tensor ``name`` of ``module`` to ``value`` (a parameter stays a parameter)."""
+    owner, leaf = _owner(module, name)
+    if leaf in owner._parameters:
+        if not isinstance(value, nn.Parameter):
+            grad = (like if like is not None else owner._parameters[leaf]).requires_grad
+            value = nn.Parameter(value, requires_grad=grad and value.is_floating_point())
+        owner._parameters[leaf] = value
+    else:
+        owner._buffers[leaf] = value
+
+
+def _to(value: torch.Tensor, device: Any, like: torch.Tensor) -> torch.Tensor:
+    """``value`` on ``device`` in the dtype of the tensor it stands for (floating point only)."""
+    if value.is_floating_point() and like.is_floating_point() and value.dtype != like.dtype:
+        return value.to(device=device, dtype=like.dtype)
+    return value.to(device)
+
+
+def _meta(tensor: torch.Tensor) -> torch.Tensor:
+    placeholder = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+    if isinstance(tensor, nn.Parameter):
+        return nn.Parameter(placeholder, requires_grad=tensor.requires_grad)
+    return placeholder
+
+
+# --- aligning devices ----------------------------------------------------------------------
+
+
+class AlignDevicesHook(ModelHook):
+    """Inputs and weights on ``execution_device`` for the forward; with ``offload``, the weights
+    come from ``weights_map`` and leave again after it (see the module doc).
+
+    ``io_same_device``: the output goes back to the device of the input.
+    ``offload_buffers``: buffers are offloaded too. ``place_submodules``: the submodules'
+    tensors are handled by this hook as well. ``skip_keys``: keyword arguments left where they
+    are. ``tied_params_map`` is accepted for Accelerate's signature: ties are kept by lending
+    the tied weight instead.
+    """
+
+    def __init__(self, execution_device: int | str | torch.device | None = None, offload: bool = False,
+                 io_same_device: bool = False, weights_map: Mapping | None = None, offload_buffers: bool = False,
+                 place_submodules: bool = False, skip_keys: str | list[str] | None = None,
+                 tied_params_map: dict | None = None):
+        self.execution_device = execution_device
+        self.offload = offload
+        self.io_same_device = io_same_device
+        self.weights_map = weights_map
+        self.offload_buffers = offload_buffers
+        self.place_submodules = place_submodules
+        self.skip_keys = skip_keys
+        self.tied_params_map = tied_params_map
+        self.input_device = None
+        self.original_devices: dict[str, torch.device] = {}
+        self.lent: dict[str, torch.Tensor] = {}  # name -> a tied weight whose home is another device
+        self._placeholders: dict[str, torch.Tensor] = {}
+        self._depth = 0
+
+    def __repr__(self) -> str:
+        return (f"AlignDevicesHook(execution_device={self.execution_device}, offload={self.offload}, "
+                f"io_same_device={self.io_same_device}, offload_buffers={self.offload_buffers}, "
+                f"place_submodules={self.place_submodules}, skip_keys={self.skip_keys!r})")
+
+    def offloaded_names(self, module: nn.Module) -> list[str]:
+        """The tensors this hook brings in for each forward (none without ``offload``)."""
+        if not self.offload:
+            return []
+        return [name for name, _ in named_module_tensors(module, include_buffers=self.offload_buffers,
+                                                         recurse=self.place_submodules, remove_non_persistent=True)
+                if name not in self.lent]
+
+    def init_hook(self, module):
+        device = self.execution_device
+        if not self.offload:
+            if device is not None:
+                for name, tensor in list(named_module_tensors(module, recurse=self.place_submodules)):
+                    if name not in self.lent and tensor.device != torch.device(device):
+                        _put(module, name, tensor.to(device), like=tensor)
+            return module
+        tensors = dict(named_module_tensors(module, recurse=self.place_submodules))
+        self.original_devices = {name: tensor.device for name, tensor in tensors.items()}
+        names = self.offloaded_names(module)
+        if self.weights_map is None:
+            self.weights_map = {name: tensors[name].to("cpu") for name in names}
+        self._placeholders = {}
+        for name in names:
+            tensor = tensors[name]
+            self._placeholders[name] = tensor if tensor.is_meta else _meta(tensor)
+            _put(module, name, self._placeholders[name])
+        if device is not None:  # what is not offloaded runs where the module runs
+            for name, tensor in tensors.items():
+                if name not in self._placeholders and name not in self.lent and tensor.device != torch.device(device):
+                    _put(module, name, tensor.to(device), like=tensor)
+        return module
+
+    def pre_forward(self, module, *args, **kwargs):
+        if self.io_same_device:
+            self.input_device = find_device([args, kwargs])
+        self._depth += 1
+        if self._depth == 1:  # a module called again from its own forward keeps what it loaded
+            self._bring_in(module)
+        if self.execution_device is None:
+            return args, kwargs
+        return (send_to_device(args, self.execution_device),
+                send_to_device(kwargs, self.execution_device, skip_keys=self.skip_keys))
+
+    def _bring_in(self, module: nn.Module) -> None:
+        device = self.execution_device if self.execution_device is not None else _CPU
+        for name in self.offloaded_names(module):
+            placeholder = self._placeholders.get(name)
+            if placeholder is None:  # a module whose tensors changed after the hook was attached
+                placeholder = self._placeholders[name] = _meta(_current(module, name))
+            _put(module, name, _to(self.weights_map[name], device, placeholder), like=placeholder)
+        for name, home in self.lent.items():
+            _put(module, name, home.to(device), like=home)
+
+    def post_forward(self, module, output):
+        self._depth = max(0, self._depth - 1)
+        if self._depth == 0:
+            for name in self.offloaded_names(module):
+                placeholder = self._placeholders.get(name)
+                _put(module, name, placeholder if placeholder is not None else _meta(_current(module, name)))
+            for name, home in self.lent.items():
+                _put(module, name, home)
+        if self.io_same_device and self.input_device is not None:
+            output = send_to_device(output, self.input_device, skip_keys=self.skip_keys)
+        return output
+
+    def forward_failed(self, module):
+        self._depth = 1
+        self.post_forward(module, None)
+
+    def detach_hook(self, module):
+        for name, home in self.lent.items():
+            _put(module, name, home)
+        if not self.offload:
+            return module
+        for name in self.offloaded_names(module):
+            placeholder = self._placeholders.get(name)
+            if placeholder is not None and _current(module, name) is not placeholder:
+                continue  # replaced while hooked (a new checkpoint loaded): keep the new tensor
+            value = self.weights_map.get(name) if isinstance(self.weights_map, Mapping) else None
+            if value is None:
+                continue
+            original = self.original_devices.get(name, _CPU)
+            device = _CPU if original.type == "meta" else original
+            _put(module, name, _to(value, device, placeholder if placeholder is not None else value),
+                 like=placeholder)
+        return module
+
+
+def attach_execution_device_hook(module: nn.Module, execution_device: int | str | torch.device,
+                                 skip_keys: str | list[str] | None = None,
+                                 preload_module_classes: list[str] | None = None,
+                                 tied_params_map: dict | None = None) -> None:
+    """An input-moving :class:`AlignDevicesHook` on every submodule that holds tensors and no hook."""
+    if not hasattr(module, "_hf_hook") and len(module.state_dict()) > 0:
+        add_hook_to_module(module, AlignDevicesHook(execution_device, skip_keys=skip_keys,
+                                                    tied_params_map=tied_params_map))
+    if preload_module_classes is not None and type(module).__name__ in preload_module_classes:
+        return
+    for child in module.children():
+        attach_execution_device_hook(child, execution_device, skip_keys=skip_keys,
+                                     preload_module_classes=preload_module_classes, tied_params_map=tied_params_map)
+
+
+def attach_align_device_hook(module: nn.Module, execution_device: int | str | torch.device | None = None,
+                             offload: bool = False, weights_map: Mapping | None = None,
+                             offload_buffers: bool = False, module_name: str = "",
+                             skip_keys: str | list[str] | None = None,
+                             preload_module_classes: list[str] | None = None,
+                             tied_params_map: dict | None = None) -> None:
+    """An :class:`AlignDevicesHook` on every submodule with tensors of its own (a module of a
+    ``preload_module_classes`` class takes its whole subtree), reading ``weights_map`` under
+    the submodule's name."""
+    has_tensors = next(iter(named_module_tensors(module)), None) is not None
+    full = offload and preload_module_classes is not None and type(module).__name__ in preload_module_classes
+    if has_tensors or full:
+        prefixed = None
+        if weights_map is not None:
+            from torchbay.offload_index import PrefixedDataset
+
+            prefixed = PrefixedDataset(weights_map, f"{module_name}." if module_name else "")
+        add_hook_to_module(module, AlignDevicesHook(execution_device=execution_device, offload=offload,
+                                                    weights_map=prefixed, offload_buffers=offload_buffers,
+                                                    place_submodules=full, skip_keys=skip_keys,
+                                                    tied_params_map=tied_params_map), append=True)
+    if full:
+        return
+    for child_name, child in module.named_children():
+        attach_align_device_hook(child, execution_device=execution_device, offload=offload, weights_map=weights_map,
+                                 offload_buffers=offload_buffers,
+                                 module_name=f"{module_name}.{child_name}" if module_name else child_name,
+                                 skip_keys=skip_keys, preload_module_classes=preload_module_classes,
+                                 tied_params_map=tied_params_map)
+
+
+def attach_align_device_hook_on_blocks(module: nn.Module, execution_device: Any = None,
+                                       offload: bool | dict[str, bool] = False, weights_map: Mapping | None = None,
+                                       offload_buffers: bool = False, module_name: str = "",
+                                       skip_keys: str | list[str] | None = None,
+                                       preload_module_classes: list[str] | None = None,
+                                       tied_params_map: dict | None = None) -> None:
+    """Hooks for blocks: ``execution_device`` and ``offload`` are one value for the whole
+    module, or dicts ``{block name: value}``; an offloaded block gets
+    :func:`attach_align_device_hook`, a placed one a single hook for its subtree."""
+    common = dict(skip_keys=skip_keys, tied_params_map=tied_params_map)
+    if not isinstance(execution_device, Mapping) and not isinstance(offload, Mapping):
+        if not offload:
+            add_hook_to_module(module, AlignDevicesHook(execution_device=execution_device, io_same_device=True,
+                                                        place_submodules=True, **common))
+        else:
+            attach_align_device_hook(module, execution_device=execution_device, offload=True,
+                                     weights_map=weights_map, offload_buffers=offload_buffers,
+                                     module_name=module_name, **common)
+        return
+    if not isinstance(execution_device, Mapping):
+        execution_device = {key: execution_device for key in offload}
+    if not isinstance(offload, Mapping):
+        offload = {key: offload for key in execution_device}
+    root = module_name == ""
+    if module_name in execution_device and module_name in offload and not offload[module_name]:
+        add_hook_to_module(module, AlignDevicesHook(execution_device=execution_device[module_name],
+                                                    offload_buffers=offload_buffers, io_same_device=root,
+                                                    place_submodules=True, **common))
+        attach_execution_device_hook(module, execution_device[module_name], **common)
+    elif module_name in execution_device and module_name in offload:
+        attach_align_device_hook(module, execution_device=execution_device[module_name], offload=True,
+                                 weights_map=weights_map, offload_buffers=offload_buffers, module_name=module_name,
+                                 preload_module_classes=preload_module_classes, **common)
+        if not hasattr(module, "_hf_hook"):
+            add_hook_to_module(module, AlignDevicesHook(execution_device=execution_device[module_name],
+                                                        io_same_device=root, **common))
+        attach_execution_device_hook(module, execution_device[module_name],
+                                     preload_module_classes=preload_module_classes, **common)
+    elif root:
+        add_hook_to_module(module, AlignDevicesHook(execution_device=execution_device.get(""), io_same_device=True,
+                                                    **common))
+    for child_name, child in module.named_children():
+        attach_align_device_hook_on_blocks(child, execution_device=execution_device, offload=offload,
+                                           weights_map=weights_map, offload_buffers=offload_buffers,
+                                           module_name=f"{module_name}.{child_name}" if module_name else child_name,
+                                           preload_module_classes=preload_module_classes, **common)
+
+
+# --- whole-model offload to the cpu between calls ------------------------------------------
+
+
+class CpuOffload(ModelHook):
+    """The whole model waits on the cpu and moves to ``execution_device`` when it runs, and stays
+    there; chained with ``prev_module_hook``, running this model first offloads that one."""
+
+    def __init__(self, execution_device: int | str | torch.device | None = None,
+                 prev_module_hook: "UserCpuOffloadHook | None" = None):
+        self.prev_module_hook = prev_module_hook
+        self.execution_device = execution_device if execution_device is not None else _default_device()
+
+    def init_hook(self, module):
+        return module.to("cpu")
+
+    def pre_forward(self, module, *args, **kwargs):
+        previous = self.prev_module_hook
+        if isinstance(previous, UserCpuOffloadHook):
+            first = next(previous.model.parameters(), None)
+            if first is not None and first.device != _CPU:
+                previous.offload()
+        first = next(module.parameters(), None)
+        if first is not None and first.device == torch.device(self.execution_device):
+            return args, kwargs
+        module.to(self.execution_device)
+        return send_to_device(args, self.execution_device), send_to_device(kwargs, self.execution_device)
+
+
+def _default_device() -> torch.device:
+    """The device a run uses: the running Accelerator's, else the accelerator big-model
+    placement uses (device index 0), else the cpu."""
+    from torchbay.device_map import accelerator_class
+
+    cls = accelerator_class()
+    return torch.device(cls.torch_type(), 0) if cls is not None else _CPU
+
+
+class UserCpuOffloadHook:
+    """What :func:`~torchbay.big_modeling.cpu_offload_with_hook` returns: ``offload()`` sends the
+    model back to the cpu, ``remove()`` takes the hook off."""
+
+    def __init__(self, model: nn.Module, hook: ModelHook):
+        self.model, self.hook = model, hook
+
+    def offload(self) -> None:
+        self.hook.init_hook(self.model)
+
+    def remove(self) -> None:
+        remove_hook_from_module(self.model)
+
+
+# --- questions and temporary alignment -------------------------------------------------------
+
+
 def has_offloaded_params(module: nn.Module) -> bool:
-    """Whether ``module`` has a dispatch hook that brings in offloaded weights."""
-    hook = getattr(module, ATTR, None)
-    return hook is not None and hook.offloaded
+    """Whether ``module`` has an :class:`AlignDevicesHook` that offloads its weights."""
+    hook = getattr(module, "_hf_hook", None)
+    return isinstance(hook, AlignDevicesHook) and hook.offload
 
 
 class align_module_device:
-    """Context manager: the module's offloaded weights are present on ``execution_device``
-    (default: its hook's) inside the block, as during its forward."""
+    """Context manager: the module's weights are present on ``execution_device`` (default: its
+    hook's) inside the block, as during its forward."""
 
-    def __init__(self, module: nn.Module, execution_device: torch.device | None = None):
+    def __init__(self, module: nn.Module, execution_device: Any = None):
         self.module, self.device = module, execution_device
 
     def __enter__(self) -> nn.Module:
-        hook = getattr(self.module, ATTR, None)
-        self.items = hook.borrowed if hook is not None else []
-        device = self.device or (hook.execution_device if hook is not None else None)
-        for item in self.items:
-            item.fill(device)
-        if hook is None and self.device is not None:
+        self.moved: dict[str, torch.device] = {}
+        if has_offloaded_params(self.module):
+            hook = self.module._hf_hook
+            self.original = hook.execution_device
+            if self.device is not None:
+                hook.execution_device = self.device
+            hook.pre_forward(self.module)
+        elif self.device is not None:
             self.moved = {n: t.device for n, t in self.module.named_parameters(recurse=False)}
             for name in self.moved:
-                self.module._parameters[name].data = self.module._parameters[name].data.to(self.device)
+                _put(self.module, name, _current(self.module, name).to(self.device))
         return self.module
 
     def __exit__(self, *exc: Any) -> None:
-        for item in self.items:
-            item.empty()
-        for name, device in getattr(self, "moved", {}).items():
-            self.module._parameters[name].data = self.module._parameters[name].data.to(device)
+        if has_offloaded_params(self.module):
+            hook = self.module._hf_hook
+            hook.post_forward(self.module, None)
+            hook.execution_device = self.original
+        for name, device in self.moved.items():
+            _put(self.module, name, _current(self.module, name).to(device))
+
+
+__all__ = ["AlignDevicesHook", "CpuOffload", "ModelHook", "SequentialHook", "UserCpuOffloadHook",
+           "add_hook_to_module", "align_module_device", "attach_align_device_hook",
+           "attach_align_device_hook_on_blocks", "attach_execution_device_hook", "has_offloaded_params",
+           "remove_hook_from_module", "remove_hook_from_submodules"]
