@@ -62,9 +62,10 @@ class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
                  gradient_accumulation_plugin: GradientAccumulationPlugin | None = None, log_with: Any = None,
                  **accelerate_args: Any):
         tracker_names, tracker_instances = self._log_with_names(log_with)
-        sync_each_batch = False
+        sync_each_batch, adjust_scheduler = False, True
         if gradient_accumulation_plugin is not None:
             sync_each_batch = gradient_accumulation_plugin.sync_each_batch
+            adjust_scheduler = gradient_accumulation_plugin.adjust_scheduler
             if not gradient_accumulation_plugin.sync_with_dataloader:
                 raise ConfigError("gradient_accumulation_plugin.sync_with_dataloader=False is not supported: "
                                   "torchbay always syncs gradients on the last batch of a data loader")
@@ -120,6 +121,7 @@ class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
         self.checkpoint_io.trusted = self.config.checkpoint.allow_unsafe_pickle
 
         self.gradient_state = GradientState(self.config.gradient_accumulation_steps, sync_each_batch=sync_each_batch)
+        self.gradient_state._adjust_scheduler = adjust_scheduler
         self._distributed_type = distributed_type_for(self.strategy, self.device_backend)
         self._adopt_state()
         self.save_iteration = self.config.project.iteration

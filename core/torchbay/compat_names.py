@@ -25,13 +25,17 @@ from typing import Any, Callable
 
 import torch
 
+from torchbay.compat import library_names
 from torchbay.errors import TorchbayError
 
 MISSING = object()
 
 
-class UnsupportedAPIError(TorchbayError, NotImplementedError):
-    """An Accelerate name that torchbay does not offer; the message says what to use instead."""
+class UnsupportedAPIError(TorchbayError, AttributeError, NotImplementedError):
+    """An Accelerate name that torchbay does not offer; the message says what to use instead.
+
+    An AttributeError, so that such a name is a missing attribute (``hasattr`` is False) whose message says why.
+    """
 
 
 _merged: tuple[Any, Any, dict[str, Any]] = (None, None, {})  # (plugin manager, its plugins, merged table)
@@ -168,8 +172,10 @@ def resolve(name: str) -> Any:
         return getattr(module, name)
     entry = unsupported().get(name)
     if entry is not None:
+        if name in library_names.placeholders():  # a library imports it: importing must work, using it says why
+            return library_names.placeholder(name, f"{entry['advice']} (see docs/accelerate-compat.md)")
         refusal(name, entry["advice"])
-    return MISSING
+    return library_names.resolve(name, MISSING)
 
 
 def unsupported() -> dict[str, dict[str, str]]:

@@ -101,8 +101,10 @@ class ShardedBatchSampler:
     def _batches(self) -> Iterator[list[int]]:
         self.last_real_samples = None
         width = self.num_processes
-        if width == 1:
-            yield from self.batch_sampler
+        if width == 1:  # a short last batch is the only one with fewer real samples than a full one
+            for batch in self.batch_sampler:
+                self.last_real_samples = len(batch) if self.batch_size and len(batch) < self.batch_size else None
+                yield batch
             return
         rounds = self._rounds()
         first: list[int] = []

@@ -171,9 +171,11 @@ class GradientAccumulationPlugin:
     """Accelerate's way of giving ``num_steps``; same as ``gradient_accumulation_steps``.
 
     ``sync_each_batch=True`` synchronises gradients on every micro-batch (less memory, more
-    communication); the optimizer still steps every ``num_steps``.
+    communication); the optimizer still steps every ``num_steps``. ``adjust_scheduler`` (Accelerate's
+    default, True) counts the micro-batches that do not step in a prepared scheduler's ``_step_count``.
     """
 
     num_steps: int = 1
+    adjust_scheduler: bool = True
     sync_with_dataloader: bool = True
     sync_each_batch: bool = False

@@ -32,8 +32,10 @@ class GradientState:
         if accumulation_steps is None and getattr(self, "_ready", False):
             return  # the shared one, as it is
         self._ready = True
+        self._adjust_scheduler = True
         if hasattr(accumulation_steps, "num_steps"):  # Accelerate's GradientState(gradient_accumulation_plugin)
             sync_each_batch = getattr(accumulation_steps, "sync_each_batch", False)
+            self._adjust_scheduler = getattr(accumulation_steps, "adjust_scheduler", True)
             accumulation_steps = accumulation_steps.num_steps
         self.accumulation_steps = int(accumulation_steps or 1)
         self.sync_each_batch = sync_each_batch
@@ -81,7 +83,18 @@ class GradientState:
 
     @property
     def adjust_scheduler(self) -> bool:
-        return True
+        return self._adjust_scheduler
+
+    @property
+    def plugin_kwargs(self) -> dict[str, Any]:
+        """The gradient-accumulation settings under Accelerate's ``GradientAccumulationPlugin`` names."""
+        return {"num_steps": self.num_steps, "adjust_scheduler": self.adjust_scheduler,
+                "sync_with_dataloader": self.sync_with_dataloader, "sync_each_batch": self.sync_each_batch}
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        """Decide by hand whether this micro-batch synchronises (a loop that accumulates by itself, as
+        transformers' Trainer does, instead of calling ``accumulate``)."""
+        self.sync_gradients = bool(sync_gradients)
 
     @property
     def active_dataloader(self) -> Any:
@@ -168,6 +181,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         acc = self.accelerator
         if not acc.gradient_state.sync_gradients:
+            if acc.gradient_state.adjust_scheduler:  # as Accelerate: the micro-batch counts for the scheduler
+                self.scheduler._step_count += 1
             return None
         kwargs = {} if closure is None else {"closure": closure}
         stepped = acc.precision.optimizer_step(self.optimizer, acc.strategy.optimizer_step, **kwargs)
@@ -212,6 +227,8 @@ class PreparedScheduler:
             self.scheduler.step(*args, **kwargs)
             return
         if not acc.gradient_state.sync_gradients:
+            if acc.gradient_state.adjust_scheduler:  # as Accelerate: the micro-batch counts for the scheduler
+                self.scheduler._step_count += 1
             return
         if any(opt.step_was_skipped for opt in self.optimizers):
             return

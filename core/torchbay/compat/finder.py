@@ -1,0 +1,233 @@
+"""The switch that makes torchbay answer ``import accelerate`` (and its distribution metadata).
+
+With the switch on, :class:`AccelerateFinder` sits first on ``sys.meta_path``:
+
+- every ``accelerate`` module in :data:`MODULES` is a stand-in whose names are read from the torchbay module that
+  answers for it, so ``from accelerate.utils import gather`` gives ``torchbay.utils.gather`` and
+  ``from accelerate import Accelerator`` gives ``torchbay.Accelerator``;
+- ``accelerate.test_utils`` (Accelerate's own test fixtures) is loaded from the installed Accelerate files when
+  Accelerate is installed, so its fixtures stay Accelerate's code while everything they import is torchbay's;
+- ``importlib.metadata`` finds a distribution named ``accelerate`` whose version is the Accelerate API level
+  torchbay implements, with torchbay's own version as a local label (``1.15.0+torchbay0.1.0``): libraries that
+  check ``accelerate>=X`` see what they get.
+
+A name torchbay does not offer is a missing attribute whose message says why (``hasattr`` is False, and
+``from accelerate.utils import X`` is an ImportError carrying that message). Without the switch nothing here runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import pathlib
+import sys
+import types
+from typing import Any, Iterator
+
+from torchbay.errors import ConfigError
+
+#: the environment variable that switches the serving on, in every process that sees it
+SWITCH_ENV = "TORCHBAY_AS_ACCELERATE"
+#: the Accelerate release whose API torchbay implements (docs/accelerate-compat.md lists the differences)
+ACCELERATE_API_LEVEL = "1.15.0"
+
+#: Accelerate module -> the torchbay module that answers for it
+MODULES = {
+    "accelerate": "torchbay",
+    "accelerate.accelerator": "torchbay.accelerator",
+    "accelerate.big_modeling": "torchbay.big_modeling",
+    "accelerate.checkpointing": "torchbay.utils",
+    "accelerate.commands": "torchbay.compat.commands",
+    "accelerate.commands.config": "torchbay.compat.commands",
+    "accelerate.commands.launch": "torchbay.compat.commands",
+    "accelerate.data_loader": "torchbay.data",
+    "accelerate.hooks": "torchbay.compat.hooks",
+    "accelerate.launchers": "torchbay.launchers",
+    "accelerate.logging": "torchbay.utils",
+    "accelerate.optimizer": "torchbay.wrappers",
+    "accelerate.parallelism_config": "torchbay.parallelism_config",
+    "accelerate.scheduler": "torchbay.wrappers",
+    "accelerate.state": "torchbay.state",
+    "accelerate.tracking": "torchbay.tracking",
+    "accelerate.utils": "torchbay.utils",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def served_modules() -> dict[str, str]:
+    """:data:`MODULES` and accelerate.utils' own modules, each answered by torchbay.utils (which serves every
+    accelerate.utils name); their names are listed in compat/resources/library_names.yaml."""
+    from torchbay.compat.library_names import table
+
+    return {**MODULES, **{f"accelerate.utils.{name}": "torchbay.utils" for name in table()["utils_submodules"]}}
+
+
+#: everything under these comes from the installed Accelerate files (Accelerate's own test fixtures)
+REAL_PREFIXES = ("accelerate.test_utils",)
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def switch_requested(environ: Any = None) -> bool:
+    """Whether ``TORCHBAY_AS_ACCELERATE`` asks for the serving."""
+    return (environ if environ is not None else os.environ).get(SWITCH_ENV, "").strip().lower() in _TRUE
+
+
+def served_version() -> str:
+    """``accelerate.__version__`` and the distribution's version while torchbay serves it."""
+    import torchbay
+
+    return f"{ACCELERATE_API_LEVEL}+torchbay{torchbay.__version__}"
+
+
+class _StandIn(types.ModuleType):
+    """An ``accelerate`` module whose names are read from a torchbay module."""
+
+    def __init__(self, name: str, target: str):
+        super().__init__(name)
+        self.__dict__["_torchbay_target"] = target
+        self.__path__ = []  # a package: its submodules are found by the finder
+        if name == "accelerate":
+            self.__version__ = served_version()
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        try:
+            return getattr(importlib.import_module(self._torchbay_target), name)
+        except AttributeError as missing:
+            raise AttributeError(_reason(self.__name__, name, missing), name=name, obj=self) from None
+
+    def __dir__(self):
+        return sorted(set(dir(importlib.import_module(self._torchbay_target))) | set(self.__dict__))
+
+    def __repr__(self) -> str:
+        return f"<module {self.__name__!r} (torchbay stand-in for {self._torchbay_target})>"
+
+
+def _reason(module: str, name: str, missing: AttributeError) -> str:
+    said = str(missing)
+    if said.startswith("module ") or not said:
+        return (f"{module}.{name} is not offered by torchbay, which answers `import accelerate` "
+                f"({SWITCH_ENV}=1); see docs/accelerate-compat.md")
+    return f"{module}.{name}: {said}"
+
+
+class _StandInLoader(importlib.abc.Loader):
+    def __init__(self, target: str):
+        self.target = target
+
+    def create_module(self, spec):
+        return _StandIn(spec.name, self.target)
+
+    def exec_module(self, module) -> None:
+        importlib.import_module(self.target)  # fail at import time if the target is broken
+        # Accelerate's modules log under their own names; a script that looks up such a logger
+        # (logging.root.manager.loggerDict["accelerate.accelerator"]) gets torchbay's
+        logging.root.manager.loggerDict.setdefault(module.__name__, logging.getLogger(self.target))
+
+
+class _ServedDistribution(importlib.metadata.Distribution):
+    """The ``accelerate`` distribution as ``importlib.metadata`` reports it while torchbay serves it."""
+
+    def read_text(self, filename: str) -> str | None:
+        if filename in ("METADATA", "PKG-INFO"):
+            return (f"Metadata-Version: 2.1\nName: accelerate\nVersion: {served_version()}\n"
+                    f"Summary: Accelerate's API served by torchbay ({SWITCH_ENV}=1)\n")
+        return None
+
+    def locate_file(self, path) -> pathlib.Path:
+        return pathlib.Path(__file__).parent / path
+
+
+class AccelerateFinder(importlib.abc.MetaPathFinder):
+    """Finds torchbay's stand-ins for ``accelerate`` modules, and the ``accelerate`` distribution."""
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if fullname != "accelerate" and not fullname.startswith("accelerate."):
+            return None
+        if fullname.startswith(REAL_PREFIXES):
+            return _real_spec(fullname)
+        modules = served_modules()
+        if fullname in modules:
+            return importlib.machinery.ModuleSpec(fullname, _StandInLoader(modules[fullname]), is_package=True)
+        parent, _, name = fullname.rpartition(".")
+        if parent in modules:  # ``from accelerate.utils import X`` asks for a submodule X when X is not a name
+            try:
+                getattr(importlib.import_module(parent), name)
+            except AttributeError as missing:
+                raise ImportError(str(missing), name=fullname) from None
+            return None  # a name, not a module: the import system reads it from the parent
+        raise ImportError(f"{fullname} has no torchbay counterpart (see docs/accelerate-compat.md)", name=fullname)
+
+    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()) -> Iterator[Any]:
+        name = context.name
+        if name is None or name.replace("-", "_").replace(".", "_").lower() == "accelerate":
+            yield _ServedDistribution()
+
+
+def _accelerate_dir() -> str | None:
+    """Where an installed Accelerate lies (found without importing it), or None."""
+    spec = importlib.machinery.PathFinder.find_spec("accelerate")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def _real_spec(fullname: str):
+    root = _accelerate_dir()
+    if root is None:
+        raise ImportError(f"{fullname} is Accelerate's own test helpers, which torchbay does not serve: "
+                          "pip install accelerate to use them", name=fullname)
+    base = os.path.join(root, *fullname.split(".")[1:])
+    if os.path.isdir(base):
+        return importlib.util.spec_from_file_location(fullname, os.path.join(base, "__init__.py"),
+                                                      submodule_search_locations=[base])
+    if os.path.isfile(base + ".py"):
+        return importlib.util.spec_from_file_location(fullname, base + ".py")
+    return None
+
+
+def installed_finder() -> AccelerateFinder | None:
+    return next((f for f in sys.meta_path if isinstance(f, AccelerateFinder)), None)
+
+
+def install(replace_imported: bool = False) -> AccelerateFinder:
+    """Put the finder first on ``sys.meta_path`` (once per process).
+
+    An ``accelerate`` already imported from its own files cannot be replaced under the objects that hold it:
+    that is an error unless ``replace_imported`` (Accelerate's test scripts import nothing before it).
+    """
+    finder = installed_finder()
+    if finder is not None:
+        return finder
+    imported = sorted(n for n in sys.modules if n == "accelerate" or n.startswith("accelerate."))
+    if imported and not replace_imported:
+        raise ConfigError(f"the real Accelerate is already imported ({imported[0]}), so torchbay cannot answer "
+                          "`import accelerate` any more in this process: call torchbay.compat.as_accelerate() "
+                          f"before importing transformers/peft/trl/diffusers, or set {SWITCH_ENV}=1 in the "
+                          "environment before Python starts")
+    for name in imported:
+        del sys.modules[name]
+    finder = AccelerateFinder()
+    sys.meta_path.insert(0, finder)
+    importlib.invalidate_caches()
+    return finder
+
+
+def install_from_environment() -> None:
+    """Interpreter start-up (``torchbay_as_accelerate.pth``): install the finder when the switch is on."""
+    if switch_requested():
+        install()
+
+
+def as_accelerate() -> AccelerateFinder:
+    """Serve ``import accelerate`` from torchbay in this process and in every process it starts."""
+    os.environ[SWITCH_ENV] = "1"
+    return install()

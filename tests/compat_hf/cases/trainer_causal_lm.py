@@ -1,0 +1,61 @@
+"""transformers' Trainer on a tiny Llama: train, evaluate on an uneven last batch, save and resume.
+
+``python trainer_causal_lm.py OUT_DIR RESULT.json [--grad-accum N] [--bf16] [--resume]``; run under `accelerate launch`,
+`torchbay launch --as-accelerate` or plain python, with the switch on or off: the script is the same.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from common import TokenDataset, tiny_causal_lm, write_result  # noqa: E402
+from transformers import Trainer, TrainingArguments, TrainerCallback  # noqa: E402
+
+
+class LossLog(TrainerCallback):
+    def __init__(self):
+        self.losses = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.losses.append(round(float(logs["loss"]), 6))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_dir")
+    parser.add_argument("result")
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--resume", action="store_true", help="train 4 steps, save, then resume to the end")
+    args = parser.parse_args()
+    training = dict(output_dir=args.out_dir, per_device_train_batch_size=4, per_device_eval_batch_size=8,
+                    gradient_accumulation_steps=args.grad_accum, num_train_epochs=2, learning_rate=1e-3,
+                    logging_steps=1, save_strategy="steps", save_steps=4, report_to=[], seed=7, bf16=args.bf16,
+                    use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, eval_strategy="no")
+    log = LossLog()
+    trainer = Trainer(model=tiny_causal_lm(), args=TrainingArguments(**training), train_dataset=TokenDataset(40),
+                      eval_dataset=TokenDataset(66, seed=2), callbacks=[log])
+    if args.resume:
+        trainer.train()
+        first = list(log.losses)
+        checkpoint = os.path.join(args.out_dir, "checkpoint-4")
+        log.losses.clear()
+        trainer = Trainer(model=tiny_causal_lm(seed=3), args=TrainingArguments(**training),
+                          train_dataset=TokenDataset(40), eval_dataset=TokenDataset(66, seed=2), callbacks=[log])
+        trainer.train(resume_from_checkpoint=checkpoint)
+        resumed = list(log.losses)
+        metrics = trainer.evaluate()
+        write_result(args.result, losses=first, resumed_losses=resumed, eval_loss=round(metrics["eval_loss"], 6))
+        return
+    trainer.train()
+    metrics = trainer.evaluate()
+    predictions = trainer.predict(TokenDataset(66, seed=2))
+    write_result(args.result, losses=log.losses, eval_loss=round(metrics["eval_loss"], 6),
+                 predict_rows=int(predictions.predictions.shape[0]))
+
+
+if __name__ == "__main__":
+    main()
