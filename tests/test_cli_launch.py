@@ -3,6 +3,7 @@ the rank that failed first is named, nothing is left behind; allocations are rea
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -81,6 +82,31 @@ def test_cpu_launch_really_runs_n_ranks(tmp_path, n):
     # the plan line says where the process count came from
     assert f"{n} processes on 1 machine" in result.stderr and "--num-processes" in result.stderr
     assert not processes_mentioning(str(tmp_path))
+
+
+def test_lines_of_ranks_printing_at_once_stay_whole(tmp_path):
+    """3 ranks print 2000 lines each to stdout and stderr at the same moment, all into one pipe
+    read as fast as it fills: no line may be glued to another rank's (under ``python -u`` a line
+    and its newline were two writes, and about one line in ten was split)."""
+    lines = 2000
+    proc = subprocess.Popen([*TORCHBAY, "launch", "-q", "--num-processes", "3", str(SCRIPTS / "cli_lines.py"),
+                             str(lines)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(), cwd=str(HERE))
+    chunks = []
+    try:
+        while chunk := proc.stdout.read1(1 << 16):
+            chunks.append(chunk)
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = b"".join(chunks).decode()
+    assert proc.returncode == 0, out[-3000:]
+    ours = [line for line in out.splitlines() if "LINE " in line]
+    whole = re.compile(r"(RANKLINE [0-2]/3 line \d{5} x*|ERRLINE [0-2]/3 line \d{5})")
+    broken = [line for line in ours if not whole.fullmatch(line)]
+    assert not broken, f"{len(broken)} lines spliced, e.g. {broken[:3]}"
+    assert len(ours) == 2 * 3 * lines
+    assert "\n\n" not in out[out.index("LINE "):], "an empty line: a newline written apart"
 
 
 def _wait_for(paths, timeout=120):

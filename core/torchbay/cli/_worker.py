@@ -281,11 +281,29 @@ def fast_exit(code: int, cleanup=None) -> None:
         os._exit(code)
 
 
+def keep_lines_whole() -> None:
+    """Write each line of ``print`` in one ``write`` call, so that the lines of ranks sharing the
+    launcher's stdout/stderr never splice into one another.
+
+    Workers run under ``python -u``, whose unbuffered text streams pass ``print``'s text and its
+    newline to the file descriptor in two writes; another rank's line could land between them
+    (``RANKLINE 2/3RANKLINE 1/3``, then an empty line). Line buffering sends a whole line at
+    once, and still right away: a line is never held back. A write of up to ``PIPE_BUF``
+    (4096 bytes on Linux) to a pipe is atomic; a longer line can still be split by the kernel.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True, write_through=False)
+        except (AttributeError, ValueError):  # replaced by something that is not a text file
+            pass
+
+
 def main() -> int:
     argv = sys.argv[1:]
     if not argv or argv == ["-m"]:
         print("usage: _worker.py [-m] SCRIPT_OR_MODULE [ARGS...] (started by torchbay launch)", file=sys.stderr)
         return 2
+    keep_lines_whole()
     die_with_launcher()
     arm_stack_dump()
     try:
