@@ -335,6 +335,20 @@ def test_rank_that_leaves_early_is_named_first(tmp_path):
     assert not processes_mentioning(str(tmp_path))
 
 
+def test_rank_that_leaves_before_the_process_group_forms_is_named_not_the_rank_that_waited(tmp_path):
+    # rank 0 times out waiting for the group (a torchbay LaunchError of its own): still a consequence
+    result = launch(["-q", "--num-processes", "2", "--process-group-timeout-s", "5", str(SCRIPTS / "cli_hang.py"),
+                     str(tmp_path), "exit0-before-group", "1"], timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    report = _report(result.stderr)
+    assert report.startswith("torchbay launch: rank 1 left first: it exited with code 0 at "), report
+    assert "then: rank 0 (exit code 1: LaunchError: rank 0 of 2: the process group did not form" in report
+    where = report[report.index("where each rank was:"):]
+    assert "rank 0: in torch.distributed.init_process_group called at cli_hang.py:" in where, report
+    assert "rank 1: exited with code 0" in where
+    assert not processes_mentioning(str(tmp_path))
+
+
 def test_sigkill_to_the_launcher_leaves_no_process(tmp_path):
     proc = subprocess.Popen([*TORCHBAY, "launch", "-q", "--num-processes", "2", str(SCRIPTS / "cli_fail.py"),
                              str(tmp_path), "kill", "9"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -1,7 +1,8 @@
 """Run by torchbay launch in tests: rank BAD misbehaves while the others wait in a barrier.
 
 ``sleep``: it never reaches the barrier; ``backward``: it never reaches backward, where the others
-wait in DDP's gradient all-reduce; ``exit0``: it leaves early with exit code 0. A fourth
+wait in DDP's gradient all-reduce; ``exit0``: it leaves early with exit code 0; ``exit0-before-group``:
+it leaves with exit code 0 before Accelerator(), while the others wait for the process group. A fourth
 argument sets the process-group timeout through Accelerate's ``InitProcessGroupKwargs``."""
 import os
 import sys
@@ -11,6 +12,8 @@ from datetime import timedelta
 from torchbay import Accelerator, InitProcessGroupKwargs
 
 out_dir, mode, bad = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if mode == "exit0-before-group" and int(os.environ["RANK"]) == bad:
+    sys.exit(0)
 handlers = [InitProcessGroupKwargs(timeout=timedelta(seconds=float(sys.argv[4])))] if len(sys.argv) > 4 else []
 acc = Accelerator(kwargs_handlers=handlers)
 rank = acc.process_index

@@ -34,9 +34,19 @@ CONSEQUENCE_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
 
 
 def is_consequence(exc: BaseException) -> bool:
-    """Whether ``exc`` looks like a rank learning that another rank died (not a root cause)."""
-    text = f"{type(exc).__name__}: {exc}"
-    return type(exc).__name__ in CONSEQUENCE_TYPES or any(m in text for m in CONSEQUENCE_MARKERS)
+    """Whether ``exc`` looks like a rank learning that another rank died or left (not a root cause).
+
+    The errors it was raised from count too: torchbay's "the process group did not form"
+    (a rank that waited for a peer that had already exited) is raised from torch's store timeout.
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = f"{type(exc).__name__}: {exc}"
+        if type(exc).__name__ in CONSEQUENCE_TYPES or any(m in text for m in CONSEQUENCE_MARKERS):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def record_failure(exc: BaseException, when_ns: int, exit_code: int) -> None:
