@@ -22,6 +22,9 @@ ALLOWED = {
         "(scripts compare accelerator.distributed_type with DistributedType.DEEPSPEED)",
 }
 SKIPPED_SUFFIXES = (".pyc", ".pyo", ".so")
+#: the plugin distributions torchbay publishes, by the name each registers: install hints name only these,
+#: never a distribution nobody published (data only: test_the_catalog_of_published_plugins_is_names_only)
+CATALOG = "core/torchbay/resources/published_plugins.yaml"
 
 
 def _core_files():
@@ -30,6 +33,8 @@ def _core_files():
         for name in files:
             path = os.path.join(folder, name)
             if name.endswith(SKIPPED_SUFFIXES) or path.endswith(os.path.join("builtin", "cpu.py")):
+                continue
+            if os.path.relpath(path, ROOT).replace(os.sep, "/") == CATALOG:
                 continue
             yield path
 
@@ -49,6 +54,19 @@ def test_core_names_no_backend():
                       "strategy but single/ddp, no FP8 engine; a plugin's Accelerate names go in its own "
                       "accelerate.yaml):\n" + "\n".join(hits))
     assert used == set(ALLOWED), f"allow-list entries that match nothing any more: {set(ALLOWED) - used}"
+
+
+def test_the_catalog_of_published_plugins_is_names_only():
+    import yaml
+
+    catalog = yaml.safe_load(open(os.path.join(ROOT, CATALOG), encoding="utf-8"))
+    aliases = catalog.pop("alias")
+    for kind, names in catalog.items():
+        assert all(isinstance(n, str) and d.startswith("torchbay-") for n, d in names.items()), kind
+    for kind, names in aliases.items():
+        assert set(names.values()) <= set(catalog[kind]), kind  # an alias points at a published name
+    assert not [line for line in open(os.path.join(ROOT, CATALOG), encoding="utf-8")
+                if re.search(r"\bimport\b|\{|!!", line)]  # no code, no flow style, no YAML tags
 
 
 def test_the_scan_covers_non_python_files():

@@ -74,7 +74,7 @@ BAD_CONFIGS = [
     ("checkpoint:\n  max_shard_size: lots\n", ["checkpoint.max_shard_size", "lots"]),
     ("fp8:\n  recipe: magic\n", ["fp8.recipe", "magic"]),
     ("fp8:\n  amax_history_len: -1\n", ["fp8.amax_history_len"]),
-    ("megatron:\n  tp: 2\n", ["megatron", "pip install torchbay-megatron"]),
+    ("megatron:\n  tp: 2\n", ["megatron", "no plugin torchbay publishes provides config section 'megatron'"]),
     ("seed: [1, 2]\n", ["seed"]),
     ("plugins:\n  required: name\n", ["plugins.required"]),
 ]
@@ -119,9 +119,10 @@ def test_unknown_names_fail_before_any_process_group_with_every_problem():
         Accelerator(device="nosuchdevice", strategy="nosuchstrategy", mixed_precision="fp8",
                     config={"fp8": {"backend": "nosuchengine"}, "checkpoint": {"io": "tape"}})
     message = str(info.value)
-    assert "pip install torchbay-nosuchdevice" in message
-    assert "pip install torchbay-nosuchstrategy" in message
-    assert "pip install torchbay-fp8-nosuchengine" in message
+    assert "no plugin torchbay publishes provides device 'nosuchdevice'" in message  # never pip install <typo>
+    assert "no plugin torchbay publishes provides strategy 'nosuchstrategy'" in message
+    assert "no plugin torchbay publishes provides fp8 engine 'nosuchengine'" in message
+    assert "pip install torchbay-nosuch" not in message and "pip install torchbay-fp8-nosuch" not in message
     assert "checkpoint io 'tape'" in message
     import torch.distributed as dist
 

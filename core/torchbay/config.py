@@ -364,6 +364,8 @@ def _suggest(model: type[BaseModel], loc: list[str]) -> str:
     if close:
         return f"did you mean '{'.'.join(loc[:-1] + close)}'?"
     if len(loc) == 1:
-        return (f"no installed plugin provides a section '{key}' (if a plugin does, install it, "
-                f"e.g. pip install torchbay-{key.replace('_', '-')}); valid keys: {', '.join(valid)}")
+        from torchbay.published import SECTION, install_hint
+
+        return f"no installed plugin provides a section '{key}' ({install_hint(SECTION, key, valid)}); " \
+               f"valid keys: {', '.join(valid)}"
     return f"valid keys here: {', '.join(valid)}"

@@ -142,4 +142,5 @@ def engine_setting(config: Any, mode: str) -> str:
 
 def mode_install_hint(mode: str) -> str:
     """What to install so that ``mixed_precision: <mode>`` has an implementation."""
-    return MODE_DISTRIBUTIONS.get(mode, f"a plugin that registers it (pip install torchbay-{mode})")
+    return MODE_DISTRIBUTIONS.get(mode, "a plugin that registers it (check the spelling: no plugin torchbay "
+                                        "publishes registers it)")

@@ -14,15 +14,16 @@ from torchbay.config import ResolvedConfig
 from torchbay.context import RunContext
 from torchbay.errors import IncompatibleSetupError, PluginError, TorchbayError
 from torchbay.precision import Precision, by_mode, engine_setting, mode_install_hint
+from torchbay.published import DEVICE, STRATEGY, install_hint
 from torchbay.strategy import Strategy
 
 log = logging.getLogger("torchbay")
 
 
-def _missing(kind: str, name: str, registry: dict[str, Any], pm, package: str) -> str:
+def _missing(kind: str, name: str, registry: dict[str, Any], pm) -> str:
     failed = [f"{i.name} ({i.distribution}: {i.error})" for i in pm.failed_plugins()]
     msg = (f"{kind} '{name}' is not installed (installed: {', '.join(sorted(registry)) or 'none'}); "
-           f"pip install {package}")
+           f"{install_hint(kind, name, registry)}")
     if failed:
         msg += f"; plugins that failed to load: {'; '.join(failed)}"
     return msg
@@ -70,7 +71,7 @@ def select_device(name: str, registry: dict[str, Any], pm, problems: list[str]):
         return max(available, key=lambda c: c.priority)
     cls = registry.get(name)
     if cls is None:
-        problems.append(_missing("device", name, registry, pm, f"torchbay-{name}"))
+        problems.append(_missing(DEVICE, name, registry, pm))
         return None
     reason = cls.unavailable_reason()
     if reason:
@@ -84,7 +85,7 @@ def select_strategy(name: str, registry: dict[str, Any], world_size: int, pm, pr
         name = "ddp" if world_size > 1 else "single"
     cls = registry.get(name)
     if cls is None:
-        problems.append(_missing("strategy", name, registry, pm, f"torchbay-{name}"))
+        problems.append(_missing(STRATEGY, name, registry, pm))
     return cls
 
 
@@ -97,8 +98,8 @@ def select_precision(config, registry: dict[str, Any], device_cls, pm, problems:
         choice = engine_setting(config, other)
         if other != mode and _has_engines(engines) and choice != "auto" and choice not in engines:
             problems.append(f"{other}.backend '{choice}' is not an installed {other.upper()} engine (installed "
-                            f"engines: {_names(engines)}); set {other}.backend to one of them or auto, "
-                            f"or pip install torchbay-{other}-{choice}")
+                            f"engines: {_names(engines)}); set {other}.backend to one of them or auto "
+                            f"({_engine_hint(other, choice, engines)})")
     engines = modes.get(mode)
     if engines is None:
         problems.append(f"mixed_precision '{mode}' has no registered implementation (registered: "
@@ -107,6 +108,10 @@ def select_precision(config, registry: dict[str, Any], device_cls, pm, problems:
     if not _has_engines(engines):
         return engines[None]
     return _select_engine(mode, engines, engine_setting(config, mode), config, device_cls, problems)
+
+
+def _engine_hint(mode: str, choice: str, engines: dict) -> str:
+    return install_hint(f"{mode} engine", choice, [e for e in engines if e is not None])
 
 
 def _has_engines(engines: dict) -> bool:
@@ -122,7 +127,7 @@ def _select_engine(mode: str, engines: dict, choice: str, config, device_cls, pr
         cls = engines.get(choice)
         if cls is None:
             problems.append(f"{mode} backend '{choice}' is not installed (installed engines: {_names(engines)}): "
-                            f"pip install torchbay-{mode}-{choice}")
+                            f"{_engine_hint(mode, choice, engines)}")
             return None
         reason = device_cls and cls.unavailable_reason(device_cls, config)
         if reason:
@@ -173,8 +178,7 @@ def build_context(resolved: ResolvedConfig, pm, cluster=None) -> RunContext:
     strategy_cls = select_strategy(config.strategy, registries["strategies"], cluster.world_size(), pm, problems)
     precision_cls = select_precision(config, registries["precisions"], device_cls, pm, problems)
     if config.checkpoint.io not in registries["checkpoint_io"]:
-        problems.append(_missing("checkpoint io", config.checkpoint.io, registries["checkpoint_io"], pm,
-                                 f"torchbay-{config.checkpoint.io}"))
+        problems.append(_missing("checkpoint io", config.checkpoint.io, registries["checkpoint_io"], pm))
     context = RunContext(resolved=resolved, pm=pm, cluster=cluster, device_backend_cls=device_cls,
                          strategy_cls=strategy_cls or Strategy, precision_cls=precision_cls or Precision)
     if device_cls is not None and strategy_cls is not None and precision_cls is not None:

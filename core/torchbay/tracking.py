@@ -154,8 +154,10 @@ def _is_main_process() -> bool:
 # --- choosing trackers ---------------------------------------------------------------------
 
 
-def install_hint(name: str) -> str:
-    return f"pip install torchbay-{name.replace('_', '-')}"
+def install_hint(name: str, installed=()) -> str:
+    from torchbay.published import TRACKER, install_hint as hint
+
+    return hint(TRACKER, name, installed)
 
 
 def registered(pm=None) -> dict[str, type[GeneralTracker]]:
@@ -184,7 +186,7 @@ def select_trackers(names: Iterable[str], registry: Mapping[str, type[GeneralTra
         if cls is None:
             failed = [f"{i.name} ({i.distribution}: {i.error})" for i in pm.failed_plugins()] if pm else []
             message = (f"{setting}: tracker '{name}' is not installed (installed: {', '.join(sorted(registry))}); "
-                       f"{install_hint(name)}")
+                       f"{install_hint(name, registry)}")
             problems.append(message + (f"; plugins that failed to load: {'; '.join(failed)}" if failed else ""))
             continue
         reason = _reason(cls)
@@ -256,7 +258,7 @@ class _LoggerTypeMeta(type):
         if name == ALL or name in registered():
             return cls(name)
         raise TrackerError(f"LoggerType.{attr}: tracker '{name}' is not installed (installed: "
-                           f"{', '.join(sorted(registered()))}); {install_hint(name)}")
+                           f"{', '.join(sorted(registered()))}); {install_hint(name, registered())}")
 
     def __iter__(cls):
         return iter([cls(ALL), *(cls(name) for name in registered())])

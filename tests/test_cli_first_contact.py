@@ -1,0 +1,94 @@
+"""First contact (issue 28, item 10): what a user coming from Accelerate types, through the real
+``torchbay`` command in a subprocess."""
+
+import configparser
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+
+
+def torchbay(*argv, cwd=None, env=None, timeout=300, **kwargs):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHBAY_", "OMP_NUM_THREADS"))}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "torchbay.cli.main", *argv], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("import os\nprint('RANK', os.environ.get('RANK'), 'OMP', os.environ.get('OMP_NUM_THREADS'),"
+                    " flush=True)\n")
+    return path
+
+
+# --- a typo is never an invitation to install a name nobody published -----------------------------
+
+@pytest.mark.parametrize("flags, meant", [
+    (["--strategy", "fsdpp"], "strategy 'fsdpp' is not installed"),
+    (["--device", "gpu"], "device 'gpu' is not installed"),
+    (["--log-with", "wandbb"], "tracker 'wandbb' is not installed"),
+])
+def test_a_value_typo_suggests_the_nearest_name_not_a_new_distribution(tmp_path, script, flags, meant):
+    done = torchbay("launch", *flags, str(script), cwd=tmp_path)
+    assert done.returncode == 2 and meant in done.stderr, done.stderr
+    assert "torchbay-fsdpp" not in done.stderr and "torchbay-gpu" not in done.stderr
+    assert "torchbay-wandbb" not in done.stderr
+    assert "did you mean" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_with_no_plugin_installed_a_typo_names_the_published_distribution(tmp_path, script):
+    env = {"TORCHBAY_DISABLE_PLUGIN_AUTOLOAD": "1"}  # as right after `pip install torchbay`
+    typo = torchbay("launch", "--strategy", "fsdpp", str(script), cwd=tmp_path, env=env)
+    assert "did you mean 'fsdp'? (pip install torchbay-fsdp)" in typo.stderr, typo.stderr
+    gpu = torchbay("launch", "--device", "gpu", str(script), cwd=tmp_path, env=env)
+    assert "did you mean 'cuda'? (pip install torchbay-cuda)" in gpu.stderr, gpu.stderr
+    right = torchbay("launch", "--strategy", "fsdp", str(script), cwd=tmp_path, env=env)
+    assert "strategy 'fsdp' is not installed (installed: ddp, single); pip install torchbay-fsdp" in right.stderr
+    unknown = torchbay("launch", "--device", "warpdrive", str(script), cwd=tmp_path, env=env)
+    assert "no plugin torchbay publishes provides device 'warpdrive'" in unknown.stderr, unknown.stderr
+    assert "pip install" not in unknown.stderr
+
+
+def _in_tree_distributions():
+    found = {}
+    for setup_cfg in sorted((ROOT / "plugins").rglob("setup.cfg")):
+        parser = configparser.ConfigParser()
+        parser.read(setup_cfg)
+        found[parser["metadata"]["name"]] = setup_cfg.parent
+    return found
+
+
+def test_the_catalog_is_what_plugins_in_this_repository_register():
+    """Every name an installed in-tree plugin registers is in the catalog under its distribution,
+    and the catalog names no distribution that is not in plugins/."""
+    from torchbay.plugins import get_plugin_manager
+    from torchbay.published import catalog
+    from torchbay.tracking import registered
+
+    in_tree = _in_tree_distributions()
+    listed = {kind: names for kind, names in catalog().items() if kind != "alias"}
+    assert {d for names in listed.values() for d in names.values()} <= set(in_tree)
+    pm = get_plugin_manager()
+    plugin_distribution = {info.name: info.distribution for info in pm.infos.values()}
+    registries = pm.registries()
+    registered_by_kind = {
+        "device": registries["devices"], "strategy": registries["strategies"], "tracker": registered(pm),
+        "fp8 engine": {key.split(":", 1)[1]: cls for key, cls in registries["precisions"].items()
+                       if key.startswith("fp8:")},
+    }
+    for kind, classes in registered_by_kind.items():
+        for name, cls in classes.items():
+            distribution = plugin_distribution.get(getattr(cls, "_torchbay_plugin", None))
+            if distribution in in_tree:
+                assert listed[kind].get(name) == distribution, (kind, name)
+    for section, model in pm.config_sections().items():
+        top = model.__module__.split(".")[0]
+        distribution = next((d for d, folder in in_tree.items() if (folder / top).is_dir()), None)
+        if distribution:
+            assert listed["config section"].get(section) == distribution, section
