@@ -234,14 +234,18 @@ def _attach_hooks(model, keys, main, offloaded, slots, home, loader, offload_buf
         return any(home[id(slot)] != device for _, slot in owner_slots.get(module_name, []))
 
     exec_device: dict[str, torch.device] = {}
+    offloading: set[str] = set()  # modules of an offloaded entry that hold tensors: offloading hooks, as Accelerate's
     for unit, place in keys.items():
         device = execution(place)
         module = _get(model, unit)
         if isinstance(module, nn.Module):
             exec_device.setdefault(unit, device)
-            for rel, _ in module.named_modules():
+            for rel, sub in module.named_modules():
                 full = f"{unit}.{rel}" if unit and rel else unit or rel
-                if rel and away(full, device):
+                if place in offloaded and next(named_module_tensors(sub), None) is not None:
+                    offloading.add(full)
+                    exec_device.setdefault(full, device)
+                elif rel and away(full, device):
                     exec_device.setdefault(full, device)
         else:
             exec_device.setdefault(unit.rpartition(".")[0], device)
@@ -257,7 +261,7 @@ def _attach_hooks(model, keys, main, offloaded, slots, home, loader, offload_buf
         tensors = [n for n, _ in _tensors(module)] if whole else [leaf for leaf, _ in owner_slots.get(name, [])]
         slot_of = {rel: by_name[f"{name}.{rel}" if name else rel] for rel in tensors
                    if (f"{name}.{rel}" if name else rel) in by_name}
-        offload = any(home[id(slot)] is None for slot in slot_of.values())
+        offload = name in offloading or any(home[id(slot)] is None for slot in slot_of.values())
         hook = AlignDevicesHook(execution_device=device, offload=offload, io_same_device=(name == ""),
                                 weights_map=PrefixedDataset(loader, f"{name}." if name else "") if offload else None,
                                 offload_buffers=offload_buffers, place_submodules=whole, skip_keys=skip_keys)

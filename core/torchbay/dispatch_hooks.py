@@ -253,7 +253,8 @@ class AlignDevicesHook(ModelHook):
         self.original_devices = {name: tensor.device for name, tensor in tensors.items()}
         names = self.offloaded_names(module)
         if self.weights_map is None:
-            self.weights_map = {name: tensors[name].to("cpu") for name in names}
+            self.weights_map = {name: tensor.to("cpu") for name, tensor in named_module_tensors(
+                module, include_buffers=self.offload_buffers, recurse=self.place_submodules)}
         self._placeholders = {}
         for name in names:
             tensor = tensors[name]
