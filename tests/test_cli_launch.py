@@ -349,6 +349,20 @@ def test_rank_that_leaves_before_the_process_group_forms_is_named_not_the_rank_t
     assert not processes_mentioning(str(tmp_path))
 
 
+def test_ranks_in_different_collectives_are_named_with_their_call_sites(tmp_path):
+    result = launch(["-q", "--num-processes", "2", str(SCRIPTS / "cli_hang.py"), str(tmp_path), "mismatch", "1", "4"],
+                    timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    report = result.stderr[result.stderr.index("torchbay launch: "):]
+    head = report.splitlines()[0]
+    assert re.match(r"torchbay launch: the ranks are in different collectives: rank 0 in torch\.distributed\.all_reduce "
+                    r"called at cli_hang\.py:\d+ in sum_losses; rank 1 in torch\.distributed\.all_gather called at "
+                    r"cli_hang\.py:\d+ in collect_metrics; every rank must enter the same collectives", head), report
+    assert "Traceback" not in result.stderr[:result.stderr.index("torchbay launch: ")]
+    assert "how each rank ended: rank 0 (exit code 1" in report and "; rank 1 (exit code 1" in report
+    assert not processes_mentioning(str(tmp_path))
+
+
 def test_sigkill_to_the_launcher_leaves_no_process(tmp_path):
     proc = subprocess.Popen([*TORCHBAY, "launch", "-q", "--num-processes", "2", str(SCRIPTS / "cli_fail.py"),
                              str(tmp_path), "kill", "9"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -11,7 +11,9 @@ The cause is chosen in this order: a rank's own error (earliest first); a rank t
 (exit code 0 or not) while the others still ran; a rank killed by a signal; a rank stopped by
 the launcher that was *not* inside a collective while the others waited in one (it never
 reached it). Consequences (connection reset, collective timed out) come last, and their
-tracebacks are folded under the summary.
+tracebacks are folded under the summary. When every rank failed as a consequence or was stopped
+while waiting in a collective, and the ranks wait in collectives of different kinds (rank 0 in
+``all_reduce``, rank 1 in ``all_gather``), the summary says so first, naming each with its call site.
 """
 
 from __future__ import annotations
@@ -209,16 +211,34 @@ def _note(story: RankStory) -> str:
     return ""
 
 
-def _describe_rank(story: RankStory) -> str:
-    if story.kind() == 1:
-        code, when = story.exit
-        return f"exited with code {code} at {_at(when)} while other ranks still ran"
+def _position(story: RankStory) -> tuple[str | None, str]:
+    """(the collective the rank was in or ``None``, ``file.py:12 in func``) when it failed or was stopped."""
     # a rank that failed on its own is described by its traceback (a stack dump taken while it was
     # already failing shows only the failure handling); a rank stopped by the launcher by its stack
     callstack = parse_traceback(str(story.extra.get("py_callstack", "")))
     frames = (callstack if story.time_ns and callstack else story.stack) or callstack
-    call = _in_collective(frames)
-    place = _where(frames) if frames else "unknown (no stack)"
+    return _in_collective(frames), (_where(frames) if frames else "unknown (no stack)")
+
+
+def _different_collectives(stories: list[RankStory]) -> str | None:
+    """``rank 0 in X called at a.py:3 in f; rank 1 in Y called at ...`` when the ranks wait in
+    collectives of different kinds (each waits for the others in a collective they never enter)."""
+    places: dict[tuple[str, str], list[int]] = {}
+    for story in sorted(stories, key=lambda s: s.rank):
+        call, place = _position(story)
+        if call is not None:
+            places.setdefault((call, place), []).append(story.rank)
+    if len({call for call, _ in places}) < 2:
+        return None
+    return "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} in {call} called at {place}"
+                     for (call, place), ranks in places.items())
+
+
+def _describe_rank(story: RankStory) -> str:
+    if story.kind() == 1:
+        code, when = story.exit
+        return f"exited with code {code} at {_at(when)} while other ranks still ran"
+    call, place = _position(story)
     state = f"in {call} called at {place}" if call else f"at {place}, not in a collective"
     if story.stopped:
         return f"{state} (stopped by the launcher)"
@@ -259,8 +279,14 @@ def describe_failures(failures: Mapping[int, Any], plan, run_dir: str | None = N
         [s for s in ordered if s.failure is not None]
     code = exit_code((cause if kind in (0, 2) else failed[0]).failure)
     machine = f" on machine {plan.machine_rank}" if plan.num_machines > 1 else ""
+    # nobody failed on its own, left or never reached a collective: are they in different ones?
+    mismatch = _different_collectives([s for s in ordered if s.failure is not None]) if kind in (4, 5) else None
     lines = []
-    if kind == 1:
+    if mismatch:
+        lines.append(f"torchbay launch: the ranks are in different collectives{machine}: {mismatch}; every rank must "
+                     f"enter the same collectives in the same order, so each waited for the others until it failed "
+                     f"or was stopped")
+    elif kind == 1:
         lines.append(f"torchbay launch: rank {cause.rank} left first: it exited with code {cause.exit[0]} at "
                      f"{_at(cause.exit[1])}{machine} while the other ranks were still running; every rank must reach "
                      f"the same collectives, so the others failed waiting for it")
@@ -278,15 +304,17 @@ def describe_failures(failures: Mapping[int, Any], plan, run_dir: str | None = N
             lines.append(clean_traceback(callstack))
         elif cause.message:
             lines.append(cause.message)
-    others = [f"rank {s.rank} ({how(s.failure)}{_note(s)})" for s in ordered[1:] if s.failure is not None]
+    after_cause = ordered if mismatch else ordered[1:]  # a mismatch has no first failure: every rank follows
+    others = [f"rank {s.rank} ({how(s.failure)}{'' if mismatch else _note(s)})" for s in after_cause
+              if s.failure is not None]
     if others:
-        lines.append("then: " + "; ".join(others))
+        lines.append(("how each rank ended: " if mismatch else "then: ") + "; ".join(others))
     if stacks or kind == 1:
         lines.append("where each rank was:")
         lines += [f"  rank {s.rank}: {_describe_rank(s)}" for s in sorted(stories.values(), key=lambda s: s.rank)]
-    folded = [s for s in ordered[1:] if s.failure is not None and s.extra.get("py_callstack")]
+    folded = [s for s in after_cause if s.failure is not None and s.extra.get("py_callstack")]
     if folded:
-        lines.append("secondary tracebacks (what the other ranks saw; folded):")
+        lines.append("tracebacks (folded):" if mismatch else "secondary tracebacks (what the other ranks saw; folded):")
         for s in folded:
             lines.append(f"  rank {s.rank}:")
             lines += ["  | " + line for line in clean_traceback(str(s.extra["py_callstack"])).splitlines()]

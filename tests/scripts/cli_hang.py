@@ -2,7 +2,8 @@
 
 ``sleep``: it never reaches the barrier; ``backward``: it never reaches backward, where the others
 wait in DDP's gradient all-reduce; ``exit0``: it leaves early with exit code 0; ``exit0-before-group``:
-it leaves with exit code 0 before Accelerator(), while the others wait for the process group. A fourth
+it leaves with exit code 0 before Accelerator(), while the others wait for the process group;
+``mismatch``: it enters all_gather while the others enter all_reduce. A fourth
 argument sets the process-group timeout through Accelerate's ``InitProcessGroupKwargs``."""
 import os
 import sys
@@ -34,6 +35,20 @@ if mode == "backward":  # the others wait in DDP's gradient all-reduce, inside b
     if rank == bad:
         load_my_shard()
     acc.backward(loss)
+def sum_losses():
+    import torch
+
+    return acc.reduce(torch.ones(4))
+
+
+def collect_metrics():
+    import torch
+
+    return acc.gather(torch.ones(4))
+
+
+if mode == "mismatch":
+    collect_metrics() if rank == bad else sum_losses()
 if rank == bad and mode == "sleep":
     load_my_shard()
 if rank == bad and mode == "exit0":
