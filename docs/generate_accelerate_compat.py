@@ -46,6 +46,12 @@ NOTES = {
     "set_seed": "also seeds the generators of every live device backend",
     "tqdm": "also accepts Accelerate's old tqdm(main_process_only, iterable) form",
     "synchronize_rng_states": "'torch', 'generator' or the run's device name; other devices are skipped",
+    "TorchDynamoPlugin": "taken as the compile config section; backend unset or 'no' sets nothing (compile.enabled "
+                         "stays auto: off, except where the precision needs it, e.g. torchao FP8); reads no "
+                         "ACCELERATE_DYNAMO_* variable (TORCHBAY_COMPILE__* instead)",
+    "compile_regions": "compiles the repeated blocks in place and returns the same module (Accelerate returns a "
+                       "copy and also compiles the other leaf modules)",
+    "has_compiled_regions": "also counts modules compiled in place (Module.compile, torchbay's compile step)",
     "LoggerType": "ALL and one member per installed tracker (a tracker plugin, or the built-in JSONL); a "
                   "member that is not installed raises, naming the distribution to install (docs/tracking.md)",
 }

@@ -97,7 +97,7 @@ def test_a_third_party_plugins_api_fragment_answers_accelerate_names():
     with pytest.raises(UnsupportedAPIError, match="torchbay-sdaa does it in prepare"):
         utils.prepare_sdaa_model
     with pytest.raises(UnsupportedAPIError):  # the core's own refusals are still there
-        torchbay.utils.compile_regions
+        torchbay.utils.TorchTensorParallelPlugin
 
 
 def test_a_key_defined_twice_disables_the_later_plugin(caplog):

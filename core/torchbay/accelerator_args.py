@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchbay.compile import dynamo_arguments
 from torchbay.errors import ConfigError
 
 #: Accelerator(...) argument -> why torchbay refuses it, and what to do instead
 REFUSED = {
     "torch_tp_plugin": "tensor parallelism is configured in a strategy plugin's config section",
     "megatron_lm_plugin": "Megatron-LM is not a torchbay strategy",
-    "dynamo_backend": "call torch.compile(model) yourself, before or after prepare()",
-    "dynamo_plugin": "call torch.compile(model) yourself, before or after prepare()",
 }
 #: arguments whose value is a backend plugin's settings object
 PLUGIN_OBJECTS = ("fsdp_plugin", "deepspeed_plugin", "deepspeed_plugins")
@@ -26,6 +25,12 @@ def translate(arguments: dict[str, Any]) -> dict[str, Any]:
     """Dotted config values for Accelerate-only ``Accelerator`` arguments (unknown ones are errors)."""
     out: dict[str, Any] = {}
     problems = []
+    arguments = dict(arguments)
+    dynamo = (arguments.pop("dynamo_backend", None), arguments.pop("dynamo_plugin", None))
+    try:
+        out.update(dynamo_arguments(*dynamo))  # the compile section (torchbay.compile)
+    except ConfigError as exc:
+        problems += exc.problems
     for name, value in arguments.items():
         if name in REFUSED:
             if value is not None:

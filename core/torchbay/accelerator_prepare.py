@@ -5,7 +5,8 @@ the precision's ``convert_module`` on each model, the strategy's ``connect_datal
 each data loader, the precision's ``prepare`` (engines that must see models and optimizers
 together), the strategy's ``setup`` (moving and wrapping), then torchbay's own wrappers
 (the forward under the precision's autocast, ``PreparedOptimizer``, ``PreparedScheduler``,
-the sharded data loaders).
+the sharded data loaders), and last the ``compile`` step (``torch.compile`` of the modules the
+strategy names, in place; see :mod:`torchbay.compile`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from torchbay import operations
+from torchbay.compile import ModelCompiler
 from torchbay.data import DataLoaderDispatcher, DataLoaderShard, LoaderSettings, PreparedDataLoader
 from torchbay.errors import ConfigError
 from torchbay.wrappers import PreparedOptimizer, PreparedScheduler
@@ -45,7 +47,7 @@ class Preparation:
         schedulers = [o for o, k in zip(objects, kinds) if k == "scheduler"]
         models, optimizers = self.precision.prepare(models, optimizers)
         models, optimizers, schedulers = self.strategy.setup(models, optimizers, schedulers)
-        models = [self._wrap_forward(m) for m in models]
+        models = [self._compiler.compile(self._wrap_forward(m)) for m in models]
         prepared_opts = [PreparedOptimizer(o, self) for o in optimizers]
         self._models += models
         self._optimizers += prepared_opts
@@ -61,6 +63,14 @@ class Preparation:
                 obj = self.prepare_data_loader(obj, device_placement=placed)
             result.append(obj)
         return result[0] if len(result) == 1 else tuple(result)
+
+    @property
+    def _compiler(self) -> ModelCompiler:
+        """The ``compile`` step (made on first use: it needs the selected strategy and precision)."""
+        compiler = self.__dict__.get("_model_compiler")
+        if compiler is None:
+            compiler = self._model_compiler = ModelCompiler(self.config.compile, self.strategy, self.precision)
+        return compiler
 
     def _placements(self, objects: tuple, device_placement: list[bool] | None) -> list[bool]:
         if device_placement is None:
@@ -123,7 +133,7 @@ class Preparation:
             model = self.precision.convert_module(model)
             if self.config.device_placement if device_placement is None else device_placement:
                 model = model.to(self.device)
-            return self._wrap_forward(model)
+            return self._compiler.compile(self._wrap_forward(model))
         return self.prepare(model)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None

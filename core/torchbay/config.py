@@ -13,7 +13,7 @@ import difflib
 import json
 import os
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Literal, Mapping, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
@@ -133,6 +133,21 @@ class TrackingSection(Section):
         return value
 
 
+class CompileSection(Section):
+    """``torch.compile`` of the prepared models (torchbay.compile; docs/configuration.md)."""
+
+    enabled: Union[bool, Literal["auto"]] = Field(
+        "auto", description="compile prepared models: true, false, or auto (only where the precision needs it to "
+                            "be fast, as an FP8 engine may)")
+    backend: str = Field("inductor", description="torch.compile backend (inductor, aot_eager, eager, cudagraphs...)")
+    mode: Optional[Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = None
+    fullgraph: bool = Field(False, description="fail on a graph break instead of running that part eagerly")
+    dynamic: Optional[bool] = Field(None, description="dynamic shapes: true, false, or null (torch decides)")
+    regional: bool = Field(False, description="compile each repeated block (a ModuleList of one class) instead of "
+                                              "the whole model: a faster cold start")
+    options: dict[str, Any] = Field(default_factory=dict, description="backend options (torch.compile options=)")
+
+
 class CoreConfig(Section):
     """The core's part of the tree; plugin sections are added by :func:`config_model`."""
 
@@ -157,6 +172,7 @@ class CoreConfig(Section):
     launch: LaunchSection = Field(default_factory=LaunchSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
+    compile: CompileSection = Field(default_factory=CompileSection)
 
 
 _models: dict[tuple, type[CoreConfig]] = {}

@@ -71,6 +71,11 @@ class Precision:
     #: ``convert_outputs_to_fp32``), so that what the user computes from them runs in fp32
     fp32_outputs: ClassVar[bool] = False
 
+    def compile_reason(self, module: torch.nn.Module) -> str | None:
+        """Why ``module`` (converted by this precision) needs ``torch.compile`` to be fast, so that
+        ``compile.enabled: auto`` compiles it; ``None`` (here): it does not."""
+        return None
+
     def prepare(self, models: list, optimizers: list) -> tuple[list, list]:
         """Hand models and optimizers to an engine that must see both (after :meth:`convert_module`,
         before the strategy wraps them); return them, possibly replaced, same lengths and order."""

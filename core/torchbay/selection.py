@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from torchbay.cluster import detect_cluster_environment
+from torchbay.compile import section_problems as compile_problems
 from torchbay.config import ResolvedConfig
 from torchbay.context import RunContext
 from torchbay.errors import IncompatibleSetupError, PluginError, TorchbayError
@@ -59,6 +60,7 @@ def core_problems(context: RunContext) -> list[str]:
         problems.append(f"launch.num_processes ({launch.num_processes}) is not launch.nproc_per_node "
                         f"({launch.nproc_per_node}) x launch.num_machines ({launch.num_machines}); "
                         f"give one of num_processes or nproc_per_node")
+    problems += compile_problems(config.compile)
     return problems
 
 

@@ -289,6 +289,19 @@ class Strategy:
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return getattr(model, "module", model) if self.is_wrapped(model) else model
 
+    def compile_targets(self, model: Any, regional: bool = False) -> list[torch.nn.Module]:
+        """The modules of the prepared ``model`` that the ``compile`` step compiles, each in place.
+
+        Default: the user's module, or with ``regional`` its repeated blocks. Under a wrapper
+        such as DDP they run inside its forward, where torch splits the graph at the gradient
+        buckets so that the all-reduce still overlaps the backward. A strategy whose units must be
+        compiled one by one (a sharding strategy's blocks) overrides this.
+        """
+        from torchbay.compile import repeated_blocks
+
+        inner = self.unwrap_model(model)
+        return repeated_blocks(inner) if regional else [inner]
+
     def is_wrapped(self, model: Any) -> bool:
         return False
 

@@ -47,6 +47,7 @@ _EXPORTS = {
                                  "get_state_dict_from_offload", "get_state_dict_offloaded_model", "load_state_dict",
                                  "retie_parameters"],
     "torchbay.tracking": ["LoggerType"],
+    "torchbay.compile": ["DynamoBackend", "TorchDynamoPlugin", "compile_regions", "has_compiled_regions"],
     "torchbay.parallelism_config": ["ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig"],
     "torchbay.launchers": ["debug_launcher", "notebook_launcher"],
     "torchbay.helpers": ["CannotPadNestedTensorWarning", "PrecisionType", "RNGType", "TensorInformation",

@@ -264,6 +264,17 @@ class FSDPStrategy(Strategy):
         # FSDP2 shards in place: the prepared model *is* the user's module (its class gains FSDPModule)
         return model.module if isinstance(model, FullyShardedDataParallel) else model
 
+    def compile_targets(self, model: Any, regional: bool = False) -> list[torch.nn.Module]:
+        """FSDP2: each sharded block on its own, regional or not (the blocks' all-gather and reshard
+        hooks run between the compiled blocks, as torch advises for FSDP2); else the default."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if self.settings.version == 2:
+            units = [m for m in model.modules() if m is not model and isinstance(m, FSDPModule)]
+            if units:
+                return units
+        return super().compile_targets(model, regional)
+
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.is_wrapped(model):
             return model

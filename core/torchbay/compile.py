@@ -1,0 +1,272 @@
+"""``torch.compile`` as a config-selected step of ``prepare`` (the ``compile`` section).
+
+:class:`ModelCompiler` runs last in ``prepare``, after the precision converted the model (FP8
+Linears), the strategy wrapped or sharded it (DDP, or a sharding strategy per block) and the forward got its
+autocast. It compiles the modules the strategy names (:meth:`Strategy.compile_targets`) *in
+place*: each keeps its class, parameter names and ``state_dict`` keys, the prepared object is the
+one the strategy returned, and ``unwrap_model`` returns the user's module. ``compile.enabled:
+auto`` compiles only a model whose precision says it needs compiling to be fast
+(:meth:`Precision.compile_reason`).
+
+Also here: Accelerate's names for the same thing (``TorchDynamoPlugin``, ``DynamoBackend``,
+``compile_regions``, ``has_compiled_regions``) and what ``Accelerator(dynamo_backend=...,
+dynamo_plugin=...)`` means as config.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from torchbay.errors import ConfigError
+
+log = logging.getLogger("torchbay")
+
+#: torch.compile's own backend when compile.backend is left as is
+DEFAULT_BACKEND = "inductor"
+
+
+# --- which modules to compile ---------------------------------------------------------------
+
+
+def is_repeated_blocks(module: torch.nn.Module) -> bool:
+    """A ``ModuleList`` of two or more children of one class (the layers of a transformer)."""
+    return (isinstance(module, torch.nn.ModuleList) and len(module) > 1
+            and len({type(child) for child in module}) == 1)
+
+
+def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The children of the outermost repeated-block lists of ``model``, in module order."""
+    blocks: list[torch.nn.Module] = []
+
+    def visit(module: torch.nn.Module) -> None:
+        if is_repeated_blocks(module):
+            blocks.extend(module)
+            return
+        for child in module.children():
+            visit(child)
+
+    visit(model)
+    return blocks
+
+
+def is_compiled(module: torch.nn.Module) -> bool:
+    """Compiled by ``torch.compile`` (an ``OptimizedModule``) or in place (``Module.compile``)."""
+    return getattr(module, "_compiled_call_impl", None) is not None or (
+        hasattr(torch, "_dynamo") and isinstance(module, torch._dynamo.eval_frame.OptimizedModule))
+
+
+def compile_in_place(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    """Compile ``module`` in place, as ``Module.compile`` does, so that it keeps its identity.
+
+    ``Module.compile`` compiles the module's ``_call_impl``, a frame of torch.nn that dynamo
+    skips: a module whose forward is torch's own (``nn.Sequential``) would then run uncompiled.
+    This calls ``_call_impl`` from a frame of torchbay's, which dynamo traces, inlining torch.nn.
+    """
+    call = module._call_impl
+
+    def compiled_call(*args: Any, **kwargs: Any) -> Any:
+        return call(*args, **kwargs)
+
+    module._compiled_call_impl = torch.compile(compiled_call, **compile_kwargs)
+    return module
+
+
+# --- the settings -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """What ``torch.compile`` gets, and whether to compile regions (repeated blocks) only."""
+
+    backend: str = DEFAULT_BACKEND
+    mode: str | None = None
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    options: dict = field(default_factory=dict)
+    regional: bool = False
+
+    @classmethod
+    def from_section(cls, section: Any) -> "CompileSettings":
+        return cls(backend=section.backend, mode=section.mode, fullgraph=section.fullgraph, dynamic=section.dynamic,
+                   options=dict(section.options), regional=section.regional)
+
+    def kwargs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic}
+        if self.mode is not None:
+            out["mode"] = self.mode
+        if self.options:
+            out["options"] = dict(self.options)
+        return out
+
+    def describe(self) -> str:
+        parts = [f"backend={self.backend}"] + [f"{k}={v}" for k, v in (("mode", self.mode), ("dynamic", self.dynamic))
+                                               if v is not None]
+        return ", ".join(parts + (["fullgraph"] if self.fullgraph else []))
+
+
+def section_problems(section: Any) -> list[str]:
+    """Problems with the ``compile`` section, found before any process group starts."""
+    problems = []
+    if section.mode is not None and section.options:
+        problems.append("compile.mode and compile.options cannot both be set (torch.compile takes one or the "
+                        "other); move the mode's settings into compile.options or drop compile.options")
+    if section.enabled is True or section.backend != DEFAULT_BACKEND:
+        import torch._dynamo
+
+        known = torch._dynamo.list_backends(exclude_tags=())
+        if section.backend not in known:
+            problems.append(f"compile.backend '{section.backend}' is not a torch.compile backend here (known: "
+                            f"{', '.join(known)}); register it with torch._dynamo.register_backend or pick one")
+    return problems
+
+
+# --- the step of prepare -------------------------------------------------------------------------
+
+
+class ModelCompiler:
+    """Compiles prepared models as the ``compile`` section says (one per Accelerator)."""
+
+    def __init__(self, section: Any, strategy: Any, precision: Any):
+        self.enabled = section.enabled
+        self.settings = CompileSettings.from_section(section)
+        self.strategy = strategy
+        self.precision = precision
+        #: per compiled model, in prepare order: the names of the modules compiled in place
+        self.compiled: list[list[str]] = []
+
+    def reason(self, module: torch.nn.Module) -> str | None:
+        """Why ``module`` (the user's) is compiled, or ``None`` when it is not."""
+        if self.enabled is True:
+            return "compile.enabled: true"
+        if self.enabled is False:
+            return None
+        why = self.precision.compile_reason(module)
+        return f"{why} (compile.enabled: auto; false turns it off)" if why else None
+
+    def compile(self, model: Any) -> Any:
+        """Compile the strategy's targets of the prepared ``model`` in place; return ``model``."""
+        inner = self.strategy.unwrap_model(model)
+        why = self.reason(inner)
+        if why is None:
+            return model
+        targets = self.strategy.compile_targets(model, regional=self.settings.regional)
+        if self.settings.regional and not targets:
+            log.warning("compile.regional: %s has no repeated blocks (a ModuleList of one class); compiling it whole",
+                        type(inner).__name__)
+            targets = self.strategy.compile_targets(model, regional=False)
+        names = {id(m): name for name, m in inner.named_modules()}
+        done = []
+        for target in targets:
+            if not is_compiled(target):
+                compile_in_place(target, **self.settings.kwargs())
+                done.append(names.get(id(target), type(target).__name__) or "<root>")
+        self.compiled.append(done)
+        if done and self.strategy.rank == 0:
+            what = done[0] if len(done) == 1 else f"{len(done)} modules ({done[0]} ... {done[-1]})"
+            log.info("compile: %s of %s compiled in place with torch.compile(%s) because %s; the first steps "
+                     "(and each new input shape) include compiling", what, type(inner).__name__,
+                     self.settings.describe(), why)
+        return model
+
+
+# --- Accelerate's names -----------------------------------------------------------------------
+
+
+class DynamoBackend(str, enum.Enum):
+    """Accelerate's ``DynamoBackend``: a ``torch.compile`` backend by name (``NO``: do not compile)."""
+
+    NO = "NO"
+    EAGER = "EAGER"
+    AOT_EAGER = "AOT_EAGER"
+    INDUCTOR = "INDUCTOR"
+    AOT_TS_NVFUSER = "AOT_TS_NVFUSER"
+    NVPRIMS_NVFUSER = "NVPRIMS_NVFUSER"
+    CUDAGRAPHS = "CUDAGRAPHS"
+    OFI = "OFI"
+    FX2TRT = "FX2TRT"
+    ONNXRT = "ONNXRT"
+    TENSORRT = "TENSORRT"
+    AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
+    TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
+    IPEX = "IPEX"
+    TVM = "TVM"
+    HPU_BACKEND = "HPU_BACKEND"
+
+
+def _backend_name(backend: Any) -> str | None:
+    """A torch.compile backend name from Accelerate's value; ``None`` for no compiling."""
+    if backend is None:
+        return None
+    name = str(getattr(backend, "value", backend)).lower()
+    return None if name == "no" else name
+
+
+@dataclass
+class TorchDynamoPlugin:
+    """Accelerate's ``TorchDynamoPlugin``, taken as the ``compile`` config section.
+
+    ``backend`` unset or ``"no"`` sets nothing (transformers' Trainer always passes
+    ``TorchDynamoPlugin(backend=None)``): the config's ``compile.enabled`` stands, whose default
+    compiles only where the precision needs it. Unlike Accelerate's, it reads no
+    ``ACCELERATE_DYNAMO_*`` variable: ``TORCHBAY_COMPILE__*`` sets the same keys.
+    """
+
+    backend: Any = None
+    mode: str | None = None
+    fullgraph: bool | None = None
+    dynamic: bool | None = None
+    options: Any = None
+    disable: bool = False
+    use_regional_compilation: bool | None = None
+
+    def to_config(self) -> dict[str, Any]:
+        if self.disable:
+            return {"compile.enabled": False}
+        backend = _backend_name(self.backend)
+        if backend is None:
+            return {}
+        out: dict[str, Any] = {"compile.enabled": True, "compile.backend": backend}
+        for key, value in (("mode", self.mode), ("fullgraph", self.fullgraph), ("dynamic", self.dynamic),
+                           ("options", self.options), ("regional", self.use_regional_compilation)):
+            if value is not None and not (key == "mode" and value == "default"):
+                out[f"compile.{key}"] = value
+        return out
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The arguments ``torch.compile`` gets (Accelerate's method of the same name)."""
+        config = self.to_config()
+        return CompileSettings(backend=config.get("compile.backend", DEFAULT_BACKEND), mode=config.get("compile.mode"),
+                               fullgraph=bool(config.get("compile.fullgraph", False)),
+                               dynamic=config.get("compile.dynamic"), options=config.get("compile.options") or {}
+                               ).kwargs()
+
+
+def dynamo_arguments(dynamo_backend: Any, dynamo_plugin: Any) -> dict[str, Any]:
+    """Dotted config values for ``Accelerator(dynamo_backend=..., dynamo_plugin=...)``."""
+    if dynamo_plugin is not None and not hasattr(dynamo_plugin, "to_config"):
+        raise ConfigError(f"Accelerator(dynamo_plugin=...) takes torchbay.utils.TorchDynamoPlugin, not "
+                          f"{type(dynamo_plugin).__module__}.{type(dynamo_plugin).__name__}")
+    from_plugin = dynamo_plugin.to_config() if dynamo_plugin is not None else {}
+    backend = _backend_name(dynamo_backend)
+    if backend is not None and from_plugin:
+        raise ConfigError("Accelerator() got both dynamo_backend and dynamo_plugin; give the backend in the plugin")
+    return {"compile.enabled": True, "compile.backend": backend} if backend else from_plugin
+
+
+def compile_regions(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    """Accelerate's regional compilation: each repeated block of ``module`` compiled (the whole
+    module when it has none). Unlike Accelerate's, in place: the same module comes back."""
+    for block in repeated_blocks(module) or [module]:
+        if not is_compiled(block):
+            compile_in_place(block, **compile_kwargs)
+    return module
+
+
+def has_compiled_regions(module: torch.nn.Module) -> bool:
+    """Whether a submodule of ``module`` is compiled (``torch.compile`` or in place)."""
+    return any(is_compiled(m) for m in module.modules() if m is not module)
