@@ -423,3 +423,65 @@ def test_msamp_initialises_model_and_optimizer_together():
     assert type(optimizer.optimizer).__module__.startswith("msamp")
     acc.backward(model(torch.randn(8, 64, device=acc.device)).float().pow(2).mean())
     optimizer.step()
+
+
+# --- out of the box: the small-layer filter and compiling ---------------------------------------
+
+
+def test_the_small_layer_filter_leaves_layers_too_small_to_gain_in_higher_precision(caplog):
+    caplog.set_level(logging.INFO)
+    filtered = {"fp8": {**EMULATED["fp8"], "filter_small_layers": True}}
+    acc = Accelerator(mixed_precision="fp8", config=filtered)
+    # 2048x2048: K*N/(K+N) = 1024, gains; 2048->512: 410, too small; first and last are kept anyway
+    model = acc.prepare(mlp(16, 2048, 2048, 512, 512, 16))
+    assert acc.precision.converted == [["2"]]
+    plan = acc.precision.plans[0]
+    assert plan.skipped["4"].startswith("too small to gain from FP8: K*N/(K+N) = 410 < 1024")
+    assert "6" in plan.skipped and "too small" in plan.skipped["6"]
+    listed = [r.getMessage() for r in caplog.records if "converted to FP8" in r.getMessage()]
+    assert len(listed) == 1 and "4: too small to gain from FP8" in listed[0]
+    assert type(model[4]) is torch.nn.Linear
+    # unset, the filter is on where FP8 runs for real and off in emulation (speed means nothing there)
+    assert Accelerator(mixed_precision="fp8", config=EMULATED).precision.small_layer_filter() == 0
+    precision = Accelerator(mixed_precision="fp8", config=EMULATED).precision
+    precision.emulate = False
+    assert precision.small_layer_filter() == 1024
+    off = {"fp8": {**EMULATED["fp8"], "filter_small_layers": False}}
+    precision = Accelerator(mixed_precision="fp8", config=off).precision
+    precision.emulate = False
+    assert precision.small_layer_filter() == 0
+
+
+def test_torchao_fp8_asks_to_be_compiled_only_where_it_runs_fp8_kernels():
+    acc = Accelerator(mixed_precision="fp8", config=EMULATED)
+    model = acc.prepare(mlp(32, 64, 64, 64, 8))
+    assert acc._compiler.compiled == []  # emulated: compile.enabled auto does not compile
+    precision = acc.precision
+    assert precision.compile_reason(model) is None
+    precision.emulate = False  # the same decision on an FP8 GPU
+    assert "only under torch.compile" in precision.compile_reason(model)
+    assert "compile.enabled: auto" in acc._compiler.reason(model)
+    assert precision.compile_reason(mlp(32, 64)) is None  # a model it did not convert
+
+
+def test_emulated_fp8_compiled_trains_as_uncompiled():
+    def losses(compile_section):
+        torch.manual_seed(0)
+        acc = Accelerator(mixed_precision="fp8", config={**EMULATED, "compile": compile_section})
+        model = mlp(32, 64, 64, 64, 8)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        model, optimizer = acc.prepare(model, optimizer)
+        out = []
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(4):
+            loss = model(torch.randn(16, 32, generator=gen)).float().pow(2).mean()
+            acc.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            out.append(loss.item())
+        return out, acc._compiler.compiled
+
+    eager, none = losses({"enabled": False})
+    compiled, which = losses({"enabled": True, "backend": "aot_eager"})
+    assert none == [] and which == [["<root>"]]
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from pydantic import Field
 
@@ -24,4 +24,7 @@ class FP8Config(Section):
                                description="never convert modules whose name matches one of these regexes")
     keep_first_and_last: bool = Field(True, description="keep the first and last Linear in higher precision")
     outer_autocast: bool = Field(True, description="keep a bf16 autocast around the FP8 forward")
+    filter_small_layers: Optional[bool] = Field(
+        None, description="leave a Linear too small to gain from FP8 (K*N/(K+N) below engine_options."
+                          "small_layer_threshold, 1024) in higher precision; null: on, off when the engine emulates FP8")
     engine_options: dict[str, Any] = Field(default_factory=dict, description="passed to the engine as is")

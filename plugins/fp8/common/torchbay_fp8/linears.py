@@ -42,12 +42,14 @@ class LinearPlan:
         return out
 
 
-def plan_linears(model: torch.nn.Module, fp8, *, exact_type: type = torch.nn.Linear) -> LinearPlan:
+def plan_linears(model: torch.nn.Module, fp8, *, exact_type: type = torch.nn.Linear,
+                 small_below: float = 0) -> LinearPlan:
     """Decide which ``exact_type`` modules of ``model`` to convert, from the ``fp8`` config section.
 
     Only modules whose type is exactly ``exact_type`` are candidates: subclasses (an engine's
     own FP8 Linear, ``NonDynamicallyQuantizableLinear`` inside attention) are left alone.
-    "First" and "last" follow ``named_modules()`` order (registration order).
+    "First" and "last" follow ``named_modules()`` order (registration order). ``small_below``:
+    a Linear whose ``K*N/(K+N)`` is below it stays in higher precision (0: none does).
     """
     include = [re.compile(p) for p in fp8.include]
     exclude = [re.compile(p) for p in fp8.exclude]
@@ -65,6 +67,10 @@ def plan_linears(model: torch.nn.Module, fp8, *, exact_type: type = torch.nn.Lin
         elif module.in_features % 16 or module.out_features % 16:
             plan.skipped[name] = (f"shape {module.in_features}->{module.out_features}: FP8 GEMMs need both "
                                   f"dimensions to be multiples of 16")
+        elif harmonic_size(module.in_features, module.out_features) < small_below:
+            plan.skipped[name] = (f"too small to gain from FP8: K*N/(K+N) = "
+                                  f"{harmonic_size(module.in_features, module.out_features):.0f} < {small_below:g} "
+                                  f"(fp8.filter_small_layers)")
         else:
             candidates.append(name)
     if fp8.keep_first_and_last and linears:

@@ -18,6 +18,8 @@ import torch
 from torchbay.errors import CheckpointError
 from torchbay.precision import Precision
 
+from torchbay_fp8.linears import SMALL_LAYER_HARMONIC
+
 
 def option_problems(engine: str, options: dict[str, Any], allowed: dict[str, Any]) -> list[str]:
     """Unknown keys or wrong types in ``fp8.engine_options`` for ``engine``.
@@ -82,6 +84,19 @@ class FP8Precision(Precision):
         super().__init__(context)
         self.fp8 = context.config.fp8
         self.options = dict(self.fp8.engine_options)
+
+    #: whether this run computes FP8 numerics in high precision (no FP8 kernels: speed means nothing)
+    emulate: bool = False
+
+    def small_layer_filter(self) -> float:
+        """The ``K*N/(K+N)`` below which a Linear stays in higher precision (0: no filter).
+
+        ``fp8.filter_small_layers`` unset: on, unless the engine emulates FP8 (where no layer gains).
+        """
+        on = self.fp8.filter_small_layers
+        if on is None:
+            on = not self.emulate
+        return self.options.get("small_layer_threshold", SMALL_LAYER_HARMONIC) if on else 0
 
     def is_explicit(self, key: str) -> bool:
         """Whether ``fp8.<key>`` was set by the user (any source but the defaults)."""

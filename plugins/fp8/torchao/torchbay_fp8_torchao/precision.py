@@ -163,7 +163,7 @@ class TorchaoFP8Precision(FP8Precision):
             return module
         from torchao.float8 import convert_to_float8_training
 
-        plan = plan_linears(module, self.fp8)
+        plan = plan_linears(module, self.fp8, small_below=self.small_layer_filter())
         chosen = set(plan.convert)
         originals = {name: module.get_submodule(name).weight for name in plan.convert}
         module = convert_to_float8_training(module, config=self.float8_config(),
@@ -182,6 +182,13 @@ class TorchaoFP8Precision(FP8Precision):
                         "bf16" if self.fp8.outer_autocast else "full precision")
         warn_small_layers(ENGINE, {n: plan.shapes[n] for n in plan.convert}, self.options, main, self.emulate)
         return module
+
+    def compile_reason(self, module: torch.nn.Module) -> str | None:
+        """A module with Float8 Linears runs faster than bf16 only compiled: eager, each cast to FP8
+        is its own kernel over the tensor (measured on an H200: eager 0.84x bf16, compiled 1.17-1.38x)."""
+        if self.emulate or not any(m is module and c for m, c in zip(self._modules, self.converted)):
+            return None
+        return "fp8 (torchao) runs faster than bf16 only under torch.compile, which fuses its scaling and casts"
 
     # -- every step ---------------------------------------------------------------------
     def after_optimizer_step(self, optimizer) -> None:
