@@ -92,3 +92,31 @@ def test_the_catalog_is_what_plugins_in_this_repository_register():
         distribution = next((d for d, folder in in_tree.items() if (folder / top).is_dir()), None)
         if distribution:
             assert listed["config section"].get(section) == distribution, section
+
+
+# --- a 2-process launch prints what the user's script prints, and a failure once ------------------
+
+ELASTIC_LOG_LINE = r"(?m)^[WEI]\d{4} \d\d:\d\d:\d\d"
+
+
+def test_a_two_process_launch_has_no_torchrun_banner_and_sets_the_threads_quietly(tmp_path, script):
+    import re
+
+    done = torchbay("launch", "--num-processes", "2", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "OMP_NUM_THREADS" not in done.stderr and not re.search(ELASTIC_LOG_LINE, done.stderr), done.stderr
+    threads = str(max(1, (os.cpu_count() or 1) // 2))  # the cpu device: the cores shared out
+    assert sorted(done.stdout.split("\n")[:2]) == [f"RANK 0 OMP {threads}", f"RANK 1 OMP {threads}"], done.stdout
+    own = torchbay("launch", "--num-processes", "2", str(script), cwd=tmp_path, env={"OMP_NUM_THREADS": "3"})
+    assert own.stdout.count("OMP 3") == 2, own.stdout  # the user's own setting wins
+
+
+def test_a_failing_rank_is_told_once_without_elastics_lines(tmp_path):
+    import re
+
+    (tmp_path / "fail.py").write_text("import os\nif os.environ['RANK'] == '1':\n    raise ValueError('boom')\n")
+    done = torchbay("launch", "--num-processes", "2", "fail.py", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.count("Traceback (most recent call last)") == 1, done.stderr
+    assert done.stderr.count("ValueError: boom") == 2  # the summary's first line and the traceback's last
+    assert "rank 1 failed first" in done.stderr and not re.search(ELASTIC_LOG_LINE, done.stderr), done.stderr

@@ -8,6 +8,7 @@ rank. The plan itself comes from :mod:`torchbay.launcher`.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -59,6 +60,7 @@ def run_torchrun(plan: LaunchPlan, env: Mapping[str, str], target: str, target_a
     run_dir = tempfile.mkdtemp(prefix="torchbay-run-")
     os.environ.update(env)
     os.environ.update({RUN_DIR_ENV: run_dir, LAUNCHER_PID_ENV: str(os.getpid())})
+    quiet_elastic_reports()
     previous = _stop_signals_collect_stacks(run_dir, args)
     try:
         return _run_agent(torchrun, args, plan, run_dir, ChildFailedError)
@@ -66,6 +68,25 @@ def run_torchrun(plan: LaunchPlan, env: Mapping[str, str], target: str, target_a
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+#: torch elastic's log lines about a failure that torchbay's own report tells better (the rank,
+#: its error, its traceback): "failed (exitcode: 1) local_rank: 1 (pid...)", "Sending process N
+#: closing signal SIGTERM"
+ELASTIC_LINES_REPORTED = ("failed (exitcode", "Sending process")
+
+
+class _ReportedByTorchbay(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(ELASTIC_LINES_REPORTED)
+
+
+def quiet_elastic_reports() -> None:
+    """Drop elastic's lines that repeat what torchbay reports; its other lines (restarts,
+    rendezvous) stay."""
+    logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    if not any(isinstance(f, _ReportedByTorchbay) for f in logger.filters):
+        logger.addFilter(_ReportedByTorchbay())
 
 
 def _stop_signals_collect_stacks(run_dir: str, args) -> dict:

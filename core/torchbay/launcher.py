@@ -255,8 +255,25 @@ def prepare(resolved: ResolvedConfig, pm, *, environ: Mapping[str, str] | None =
     env = dict(device_cls.worker_env(resolved.config, plan.nproc_per_node))
     env.update(context.strategy_cls.launch_env(plan.nproc_per_node, resolved.config, device_cls))
     env = {key: str(value) for key, value in env.items()}
+    env.update(cpu_threads_env(context, plan, os.environ if environ is None else environ))
+    if resolved.config.launch.as_accelerate:
+        from torchbay.compat.finder import SWITCH_ENV
+
+        env[SWITCH_ENV] = "1"
     env[RESOLVED_ENV] = resolved.to_json()
     return plan, context, env
+
+
+def cpu_threads_env(context, plan: LaunchPlan, environ: Mapping[str, str]) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` for the workers when several share a machine and the user set none: what
+    torchrun would set (1), but quietly; on the cpu device the machine's cores shared out instead
+    (as Accelerate does for CPU jobs), since there they do the work."""
+    if "OMP_NUM_THREADS" in environ or plan.nproc_per_node <= 1:
+        return {}
+    threads = 1
+    if context.device_backend_cls is not None and context.device_backend_cls.name == "cpu":
+        threads = max(1, (os.cpu_count() or 1) // plan.nproc_per_node)
+    return {"OMP_NUM_THREADS": str(threads)}
 
 
 def port_in_use(port: int) -> bool:

@@ -308,6 +308,15 @@ def keep_lines_whole() -> None:
             pass
 
 
+def _launcher_reports_this_attempt() -> bool:
+    """Whether ``torchbay launch`` will print this rank's traceback in its summary: it runs this
+    job and no restart remains (an attempt that is restarted is reported only here)."""
+    if not os.environ.get(RUN_DIR_ENV):
+        return False
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    return restarts >= int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+
+
 def main() -> int:
     argv = sys.argv[1:]
     if not argv or argv == ["-m"]:
@@ -341,7 +350,7 @@ def main() -> int:
             # the launcher prints it, folded under its summary of what went wrong first
             print(f"torchbay: rank {os.environ.get('RANK', '?')} stopped: {type(exc).__name__} (a consequence of "
                   f"another rank's failure; see the launcher's summary)", file=sys.stderr)
-        else:
+        elif not _launcher_reports_this_attempt():  # else printed once, in the launcher's summary
             sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         fast_exit(code, stop_own_children)
     record_exit(0)
