@@ -181,8 +181,6 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         acc = self.accelerator
         if not acc.gradient_state.sync_gradients:
-            if acc.gradient_state.adjust_scheduler:  # as Accelerate: the micro-batch counts for the scheduler
-                self.scheduler._step_count += 1
             return None
         kwargs = {} if closure is None else {"closure": closure}
         stepped = acc.precision.optimizer_step(self.optimizer, acc.strategy.optimizer_step, **kwargs)

@@ -47,3 +47,23 @@ def write_result(path: str, **fields) -> None:
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(fields, handle, indent=1)
     print(f"[rank {rank}] {fields}", file=sys.stderr)
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer over a 60-word vocabulary, built here (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = [f"w{i}" for i in range(60)]
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{w: i + 4 for i, w in enumerate(words)}}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+
+
+def counting_text(size: int, seed: int, length: int = 8) -> list[str]:
+    """Sentences of consecutive words (w3 w4 w5 ...), so a model can learn them."""
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, 60 - length, (size,), generator=generator).tolist()
+    return [" ".join(f"w{s + i}" for i in range(length)) for s in starts]
