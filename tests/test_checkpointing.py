@@ -149,7 +149,7 @@ def test_save_model_shards_and_loads_into_the_plain_model(tmp_path):
     state = {}
     for shard in set(index["weight_map"].values()):
         state.update(load_file(str(tmp_path / "out" / shard)))
-    for alias, target in index["metadata"]["aliases"].items():
+    for alias, target in index["metadata"]["torchbay"]["aliases"].items():  # torchbay's entry: Accelerate drops ties
         state[alias] = state[target]
     fresh = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
     fresh.tied = fresh[0]

@@ -308,8 +308,11 @@ class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
         """Write the full weights as (sharded) safetensors on the main process.
 
         Call it on every process: a sharding strategy gathers the weights through a collective.
-        The directory is published atomically, like save_state: it must be new, empty or an
-        earlier torchbay checkpoint, and no file of an earlier save survives next to the new one.
+        The folder holds what Accelerate's save_model writes (``model.safetensors``, or shards and
+        ``model.safetensors.index.json``), each file renamed into place once complete; other files
+        there are left alone, a weights file torchbay did not write is never overwritten (the save
+        is refused), and the weights files of an earlier torchbay save that this one does not
+        rewrite are removed.
         """
         _refuse_unsupported("save_model", safe_serialization is not True and "safe_serialization=False",
                             "save_model writes safetensors only (no pickle a reader would have to trust)")

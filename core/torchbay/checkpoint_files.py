@@ -2,8 +2,8 @@
 
 Accepted: a ``.safetensors`` file; a Hugging Face index (``*.safetensors.index.json`` or
 ``pytorch_model.bin.index.json``), given as the file or as its folder; a folder with one
-safetensors file; a torchbay ``save_model`` / ``save_state`` folder (its manifest says which
-files hold the model); a torch ``.bin`` / ``.pt`` file, read with ``weights_only=True`` only.
+safetensors file; a torchbay ``save_model`` folder (Accelerate's layout, tied-weight aliases in
+torchbay's metadata entry) or ``save_state`` folder (its manifest says which files hold the model); a torch ``.bin`` / ``.pt`` file, read with ``weights_only=True`` only.
 Safetensors files are memory-mapped and only their headers are read until a tensor is needed.
 """
 
@@ -103,8 +103,12 @@ def _from_index(index: Path) -> CheckpointFiles:
     if missing:
         raise CheckpointError(f"the index {index} names files that are not in {index.parent}: {', '.join(missing)}; "
                               f"copy the missing shards next to the index")
+    from torchbay.checkpoint.model_folder import MARK, check_one_save
+
+    check_one_save(index, list(files.values()))
     metadata = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
-    aliases = metadata.get("aliases") if isinstance(metadata.get("aliases"), dict) else {}
+    own = metadata.get(MARK) if isinstance(metadata.get(MARK), dict) else {}  # save_model's index
+    aliases = next((a for a in (metadata.get("aliases"), own.get("aliases")) if isinstance(a, dict)), {})
     return CheckpointFiles(str(index), {k: files[v] for k, v in weight_map.items()}, aliases)
 
 
@@ -140,7 +144,10 @@ def _single(file: Path) -> CheckpointFiles:
                 keys = list(f.keys())
         except Exception as exc:
             raise CheckpointError(f"{file} is not a readable safetensors file: {exc}") from None
-        return CheckpointFiles(str(file), {k: file for k in keys})
+        from torchbay.checkpoint.model_folder import read_mark
+
+        aliases = (read_mark(file) or {}).get("aliases")  # tied weights of a save_model file
+        return CheckpointFiles(str(file), {k: file for k in keys}, aliases if isinstance(aliases, dict) else {})
     files = CheckpointFiles(str(file), {})
     files.key_file = {k: file for k in files._torch(file)}
     files.files = [file]

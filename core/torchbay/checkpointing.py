@@ -44,23 +44,11 @@ def _torch_save(obj: Any, path: Path) -> str:
 
 def publish_model(state: dict[str, torch.Tensor], final: Path, max_shard_size: str, fields: dict[str, Any],
                   what: str) -> list[str]:
-    """Write ``state`` as (sharded) safetensors into ``final``, published atomically with a manifest."""
-    from torchbay.builtin.checkpoint_io import SafetensorsCheckpointIO
+    """Write ``state`` into the folder ``final`` as Accelerate's ``save_model`` does (see
+    :mod:`torchbay.checkpoint.model_folder`); the names written."""
+    from torchbay.checkpoint.model_folder import ModelFolder
 
-    final = final.absolute()
-    ckdir.check_replaceable(final, what)
-    ckdir.recover_interrupted_save(final)
-    partial = ckdir.begin_partial(final)
-    try:
-        written = SafetensorsCheckpointIO(max_shard_size=max_shard_size).save_state_dict(state, partial, "model")
-        manifest = {"format_version": FORMAT_VERSION, "kind": "model", "created": time.time(), **fields,
-                    "files": ckdir.record_files(partial, written)}
-        ckdir.write_manifest(partial, manifest)
-        ckdir.publish(partial, final)
-    except BaseException:
-        ckdir.discard_partial(partial)
-        raise
-    return written
+    return ModelFolder(final, what).save(state, max_shard_size, fields)
 
 
 def _describe(exc: BaseException) -> str:
@@ -262,7 +250,7 @@ class StateCheckpointer:
 
     # -- save_model ----------------------------------------------------------------------
     def save_model_files(self, state: dict[str, torch.Tensor], save_directory: str, max_shard_size: str) -> list[str]:
-        """Publish full weights as (sharded) safetensors, atomically like save_state (main process)."""
+        """Write full weights as Accelerate's save_model does (main process); no manifest beside them."""
         fields = {k: v for k, v in self._manifest("model", {}).items() if k not in ("config", "counts", "files")}
         return self._main_only("save_model", lambda: publish_model(state, Path(save_directory), max_shard_size,
                                                                     fields, "save_model")) or []

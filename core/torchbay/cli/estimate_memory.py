@@ -41,7 +41,8 @@ def _error(message: str):
 
 def _weight_files(folder: Path) -> list[Path]:
     """The safetensors files that make up the model in ``folder``: those its index (or torchbay
-    manifest) names, so that stray files of another save are not counted."""
+    manifest) names, else ``model.safetensors`` when there is one, so that stray files of another
+    save are not counted."""
     indexes = sorted(folder.glob("*.safetensors.index.json"))
     try:
         if indexes:
@@ -50,6 +51,8 @@ def _weight_files(folder: Path) -> list[Path]:
         manifest = folder / "torchbay_manifest.json"
         if manifest.is_file():
             return sorted(folder / n for n in json.loads(manifest.read_text())["files"] if n.endswith(".safetensors"))
+        if (folder / "model.safetensors").is_file():  # save_model's single file (Accelerate's name)
+            return [folder / "model.safetensors"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise _error(f"'{folder}' has an unreadable index or manifest ({exc})") from None
     return sorted(folder.glob("*.safetensors"))

@@ -1,0 +1,1 @@
+"""Checkpoint mechanisms (see docs/checkpoint-guarantees.md)."""

@@ -1,0 +1,194 @@
+"""``save_model``'s folder: the files Accelerate's ``save_model`` writes, and nothing else.
+
+``model.safetensors``; or shards ``model-00001-of-0000N.safetensors`` and
+``model.safetensors.index.json`` (``{"metadata": {"total_size": ...}, "weight_map": {...}}``,
+keys sorted, as Accelerate writes it). Every safetensors header has ``"format": "pt"``.
+
+What torchbay needs to know travels inside those files, under the key ``torchbay``: in each
+safetensors header's metadata (a JSON string) and in the index's ``metadata``: the torchbay
+version, an id shared by every file of one save, tied-weight aliases and the caller's fields.
+That entry is how torchbay recognises its own files: it replaces or removes a weights file of
+the folder only when the file carries it, and refuses, before writing anything, a folder
+holding a weights file it did not write. Any other file (a ``config.json``, a tokenizer saved
+next to the weights) is left alone, as Accelerate leaves it.
+
+Each file is written under a temporary name, fsync'ed and renamed into place, the index last.
+The weights files of the previous save that this save does not rewrite (its other shards, an
+index that no longer applies, a single file that loaders would prefer to the new shards) are
+removed afterwards, so a loader never finds two sets of weights. Accelerate 1.15 means to
+remove earlier shards too, but its pattern never matches ``.safetensors`` names, so it leaves
+them: here the folder holds exactly what Accelerate's same call writes into an empty folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import struct
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchbay.errors import CheckpointError
+
+log = logging.getLogger("torchbay")
+
+MARK = "torchbay"
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+TEMPORARY = ".torchbay-tmp-"
+#: a safetensors header or an index larger than this is not read to look for the mark
+MAX_HEADER = 100 << 20
+
+
+def is_weights_name(name: str) -> bool:
+    """A name ``save_model`` writes (and so may replace or remove when the file is torchbay's)."""
+    return name in (WEIGHTS, INDEX) or SHARD.fullmatch(name) is not None
+
+
+def read_mark(path: Path) -> dict[str, Any] | None:
+    """torchbay's entry in a safetensors header or an index; ``None`` when it has none or cannot be read.
+
+    Only JSON is parsed (the header's length, then the header): a damaged or foreign file is
+    simply not torchbay's.
+    """
+    try:
+        with open(path, "rb") as fp:
+            if path.name.endswith(".json"):
+                data = fp.read(MAX_HEADER + 1)
+                metadata = json.loads(data).get("metadata", {}) if len(data) <= MAX_HEADER else {}
+                mark = metadata.get(MARK) if isinstance(metadata, dict) else None
+            else:
+                (length,) = struct.unpack("<Q", fp.read(8))
+                if length > MAX_HEADER:
+                    return None
+                metadata = json.loads(fp.read(length)).get("__metadata__") or {}
+                mark = json.loads(metadata[MARK]) if isinstance(metadata.get(MARK), str) else None
+    except (OSError, ValueError, AttributeError, struct.error, UnicodeDecodeError):
+        return None
+    return mark if isinstance(mark, dict) and mark.get("save") else None
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ModelFolder:
+    """The folder one ``save_model`` (or ``torchbay merge-weights``) writes into."""
+
+    def __init__(self, directory: Path, what: str = "save_model"):
+        self.directory = Path(directory).absolute()
+        self.what = what
+
+    def save(self, state: dict[str, torch.Tensor], max_shard_size: str | int,
+             fields: dict[str, Any] | None = None) -> list[str]:
+        """Write ``state`` as Accelerate's ``save_model`` does; the names written."""
+        from huggingface_hub import split_torch_state_dict_into_shards
+
+        from torchbay.builtin.checkpoint_io import _dedupe_shared
+
+        self._open()
+        previous = self._own_weights_files()
+        tensors, aliases = _dedupe_shared({k: v for k, v in state.items() if isinstance(v, torch.Tensor)})
+        tensors = {name: tensor.contiguous().cpu() for name, tensor in tensors.items()}
+        split = split_torch_state_dict_into_shards(tensors, filename_pattern="model{suffix}.safetensors",
+                                                   max_shard_size=max_shard_size)
+        mark = {"version": _own_version(), "save": uuid.uuid4().hex, "created": time.time(), **(fields or {})}
+        written = []
+        for filename, names in split.filename_to_tensors.items():
+            file_mark = dict(mark, aliases=aliases) if not split.is_sharded else mark
+            self._write_safetensors(filename, {n: tensors[n] for n in names}, file_mark)
+            written.append(filename)
+        if split.is_sharded:
+            index = {"metadata": {**split.metadata, MARK: dict(mark, aliases=aliases)},
+                     "weight_map": split.tensor_to_filename}
+            self._write(INDEX, lambda path: path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n",
+                                                              encoding="utf-8"))
+            written.append(INDEX)
+        stale = sorted(set(previous) - set(written), key=lambda name: name != INDEX)  # the index first
+        for name in stale:
+            if read_mark(self.directory / name) is not None:  # still the file that was checked
+                (self.directory / name).unlink()
+        _fsync(self.directory)
+        return written
+
+    # -- steps ----------------------------------------------------------------------------
+    def _open(self) -> None:
+        if self.directory.exists() and not self.directory.is_dir():
+            raise CheckpointError(f"{self.what}: {self.directory} is a file, not a directory; give the folder to "
+                                  f"write the weights into")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._remove_own_temporaries()
+
+    def _own_weights_files(self) -> list[str]:
+        """The weights files already there (all torchbay's); raise, before writing, if one is not."""
+        own, foreign = [], []
+        for entry in sorted(self.directory.iterdir()):
+            if not is_weights_name(entry.name):
+                continue
+            if entry.is_symlink() or not entry.is_file() or read_mark(entry) is None:
+                foreign.append(entry.name)
+            else:
+                own.append(entry.name)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+            raise CheckpointError(
+                f"{self.what}: {self.directory} holds {shown}, which torchbay did not write (no '{MARK}' entry in "
+                f"its metadata); torchbay never overwrites such a file, nor leaves it beside new weights for a "
+                f"loader to pick up: move it away or save to another folder. Nothing was written.")
+        return own
+
+    def _remove_own_temporaries(self) -> None:
+        """Temporary files an interrupted save left, removed when they carry torchbay's entry."""
+        for entry in self.directory.glob(TEMPORARY + "*"):
+            if entry.is_file() and not entry.is_symlink() and read_mark(entry) is not None:
+                entry.unlink()
+            else:
+                log.warning("torchbay: %s looks like a file an interrupted save_model left, but it does not say that "
+                            "torchbay wrote it: remove it yourself if it is not yours", entry)
+
+    def _write_safetensors(self, name: str, tensors: dict[str, torch.Tensor], mark: dict[str, Any]) -> None:
+        from safetensors.torch import save_file
+
+        metadata = {"format": "pt", MARK: json.dumps(mark, sort_keys=True)}
+        self._write(name, lambda path: save_file(tensors, str(path), metadata=metadata))
+
+    def _write(self, name: str, write) -> None:
+        """``write(path)`` a new temporary file, fsync it, rename it to ``name``."""
+        temporary = self.directory / f"{TEMPORARY}{uuid.uuid4().hex[:12]}-{name}"
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # a name nobody else has
+        try:
+            write(temporary)
+            _fsync(temporary)
+            os.replace(temporary, self.directory / name)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+
+
+def check_one_save(index: Path, files: list[Path]) -> None:
+    """Raise when a torchbay index and the shards it names come from different saves (a save
+    interrupted between writing its shards and its index)."""
+    index_mark = read_mark(index)
+    if index_mark is None:
+        return
+    others = sorted(f.name for f in files if (read_mark(f) or {}).get("save") != index_mark["save"])
+    if others:
+        raise CheckpointError(f"{index} and {', '.join(others[:5])} come from different saves (a save_model was "
+                              f"interrupted, or files were copied in from another save); save the model again")
+
+
+def _own_version() -> str:
+    from torchbay.plugins import _own_version as version
+
+    return version()
