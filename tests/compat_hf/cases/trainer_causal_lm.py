@@ -30,11 +30,18 @@ def main() -> None:
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--resume", action="store_true", help="train 4 steps, save, then resume to the end")
+    parser.add_argument("--fsdp", action="store_true", help="TrainingArguments(fsdp=...): FSDP2, full shard")
+    parser.add_argument("--deepspeed", metavar="JSON", help="TrainingArguments(deepspeed=JSON)")
     args = parser.parse_args()
     training = dict(output_dir=args.out_dir, per_device_train_batch_size=4, per_device_eval_batch_size=8,
                     gradient_accumulation_steps=args.grad_accum, num_train_epochs=2, learning_rate=1e-3,
                     logging_steps=1, save_strategy="steps", save_steps=4, report_to=[], seed=7, bf16=args.bf16,
                     use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, eval_strategy="no")
+    if args.fsdp:
+        training.update(fsdp="full_shard", fsdp_config={"fsdp_version": 2,
+                                                        "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
+    if args.deepspeed:
+        training.update(deepspeed=args.deepspeed, use_cpu=False)
     log = LossLog()
     trainer = Trainer(model=tiny_causal_lm(), args=TrainingArguments(**training), train_dataset=TokenDataset(40),
                       eval_dataset=TokenDataset(66, seed=2), callbacks=[log])
