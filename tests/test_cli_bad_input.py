@@ -101,7 +101,7 @@ BAD_COMMANDS = {
     "config file is a directory": (["launch", "--config-file", str(HERE), SCRIPT], "is a directory, not a file"),
     "validate a directory": (["config", "validate", str(HERE)], "is a directory, not a file"),
     "missing module": (["launch", "-m", "no_such_module_xyz"], "module 'no_such_module_xyz' (given with -m)"),
-    "abbreviated flag": (["launch", "--nproc", "2", SCRIPT], "unrecognized arguments: --nproc"),
+    "abbreviated flag": (["launch", "--nproc", "2", SCRIPT], "unrecognized option --nproc; did you mean"),
     "factory needs arguments": (["estimate-memory", "torch.nn:Linear"], "needs arguments (in_features, out_features)"),
     "class needs arguments": (["estimate-memory", "json:JSONDecodeError"], "needs arguments (msg, doc, pos)"),
     "port zero": (["launch", "--dry-run", "--main-process-port", "0", SCRIPT], "launch.main_process_port"),

@@ -233,7 +233,7 @@ def test_malformed_flags(capsys, case):
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["launch", "--num-procs", "2", SCRIPT], "unrecognized arguments"),
+    (["launch", "--num-procs", "2", SCRIPT], "unrecognized option --num-procs; did you mean --num-processes?"),
     (["launch"], "the following arguments are required: TARGET"),
     (["launch", "missing_script.py"], "script 'missing_script.py' does not exist"),
     (["launch", "--num-processes"], "expected one argument"),

@@ -120,3 +120,47 @@ def test_a_failing_rank_is_told_once_without_elastics_lines(tmp_path):
     assert done.stderr.count("Traceback (most recent call last)") == 1, done.stderr
     assert done.stderr.count("ValueError: boom") == 2  # the summary's first line and the traceback's last
     assert "rank 1 failed first" in done.stderr and not re.search(ELASTIC_LOG_LINE, done.stderr), done.stderr
+
+
+# --- accelerate launch's spellings -------------------------------------------------------------------
+
+ARGV_SCRIPT = "import sys\nprint('ARGS', sys.argv[1:], flush=True)\n"
+
+
+def test_accelerate_launch_spellings_are_read_and_the_script_keeps_its_own(tmp_path):
+    (tmp_path / "args.py").write_text(ARGV_SCRIPT)
+    done = torchbay("launch", "--num_processes", "2", "--mixed_precision=bf16", "--main_process_port", "29517",
+                    "--dry-run", "args.py", "--num_processes", "7", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "num_processes = 2  (command line --num-processes)" in done.stdout
+    assert "mixed_precision bf16" in done.stdout
+    assert done.stdout.rstrip().endswith("args.py --num_processes 7"), done.stdout  # the script's, untouched
+    ran = torchbay("launch", "--num_processes", "2", "args.py", "--mixed_precision", "x", cwd=tmp_path)
+    assert ran.stdout.count("ARGS ['--mixed_precision', 'x']") == 2, ran.stdout + ran.stderr
+
+
+def test_accelerate_launch_switches_mean_what_the_same_accelerate_config_means(tmp_path, script):
+    cpu = torchbay("launch", "--cpu", "--dry-run", str(script), cwd=tmp_path)
+    assert "set-up: device cpu" in cpu.stdout, cpu.stderr
+    gpu = torchbay("launch", "--multi_gpu", "--num_processes", "2", "--dry-run", str(script), cwd=tmp_path)
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except Exception:  # pragma: no cover
+        has_gpu = False
+    if has_gpu:  # pragma: no cover - on a GPU machine with torchbay-cuda
+        assert "device cuda, strategy ddp" in gpu.stdout, gpu.stderr
+    else:  # MULTI_GPU is device cuda + ddp (torchbay-cuda's table): refused here, saying why
+        assert gpu.returncode == 2 and "device 'cuda' cannot be used here" in gpu.stderr, gpu.stderr
+    threads = torchbay("launch", "--num_cpu_threads_per_process", "4", str(script), cwd=tmp_path)
+    assert threads.returncode == 2 and "set OMP_NUM_THREADS=N" in threads.stderr, threads.stderr
+
+
+def test_an_unknown_flag_gets_the_nearest_one_and_the_help_to_read(tmp_path, script):
+    done = torchbay("launch", "--nproc_per_nod", "2", str(script), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("torchbay launch: error: unrecognized option --nproc_per_nod; did you mean "
+                                   "--nproc-per-node? (see torchbay launch --help)"), done.stderr
+    show = torchbay("config", "show", "--source", cwd=tmp_path)
+    assert "did you mean --sources?" in show.stderr and "torchbay config show --help" in show.stderr, show.stderr

@@ -85,12 +85,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return None
+
+
+def _command_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``argv`` names: ``config show`` -> its own parser."""
+    for token in argv:
+        inner = _subparser(parser, token)
+        if inner is not None:
+            parser = inner
+    return parser
+
+
+def with_accelerate_spellings(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``torchbay launch`` reads ``accelerate launch``'s flags (cli/accelerate_flags.py)."""
+    if not argv or argv[0] != "launch":  # (apply_plugin_flags took the -p options before the command)
+        return argv
+    from torchbay.cli.accelerate_flags import AccelerateLaunchFlags
+
+    launch = _subparser(parser, "launch")
+    return argv[:1] + AccelerateLaunchFlags.for_parser(launch).translate(argv[1:])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = apply_plugin_flags(list(sys.argv[1:] if argv is None else argv))
     command = next((a for a in argv if not a.startswith("-")), "")
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        argv = with_accelerate_spellings(parser, argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            from torchbay.cli.accelerate_flags import unknown_option_message
+
+            failing = _command_parser(parser, argv)
+            failing.error(unknown_option_message(failing, unknown))
         if not getattr(args, "func", None):
             parser.print_help()
             return 2

@@ -1,0 +1,130 @@
+"""``torchbay launch`` with ``accelerate launch``'s spellings, and did-you-mean for unknown options.
+
+Accelerate's ``--num_processes`` is torchbay's ``--num-processes``: every ``--a_b`` whose ``--a-b``
+is a flag of the command is read as that flag. Accelerate's switches that choose a set-up
+(``--multi_gpu``, ``--cpu``, and the ones plugins add) and the flags named otherwise here
+(``--gpu_ids``) come from the Accelerate tables (``resources/accelerate.yaml``: ``launch_switches``,
+``launch_values``, each plugin's ``accelerate.yaml``), so that a switch means here what the same
+Accelerate config means to ``torchbay config import-accelerate``. An Accelerate flag with no
+meaning here is refused with the reason the same table gives (``not_imported``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from typing import Any
+
+from torchbay.errors import ConfigError
+
+BOOL_WORDS = {"true", "false", "yes", "no", "1", "0", "on", "off"}
+
+
+def options_of(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {option: action for action in parser._actions for option in action.option_strings}
+
+
+def _values_taken(action: argparse.Action, next_token: str | None) -> int:
+    """How many tokens after ``action``'s flag are its value (the flag given without ``=``)."""
+    if action.nargs == 0:
+        return 0
+    if action.nargs == "?":
+        return int(next_token is not None and next_token.lower() in BOOL_WORDS)
+    return 1 if action.nargs in (None, 1) else 0
+
+
+class AccelerateLaunchFlags:
+    """Reads ``accelerate launch``'s spellings into ``torchbay launch``'s flags."""
+
+    def __init__(self, parser: argparse.ArgumentParser, table: dict[str, Any]):
+        self.parser = parser
+        self.options = options_of(parser)
+        self.table = table
+        self.dests: dict[str, str] = getattr(parser, "_torchbay_config_dests", {})
+
+    @classmethod
+    def for_parser(cls, parser: argparse.ArgumentParser, pm=None) -> AccelerateLaunchFlags:
+        from torchbay.accelerate_import import mapping_table
+
+        return cls(parser, mapping_table(pm))
+
+    def translate(self, argv: list[str]) -> list[str]:
+        """``argv`` after ``launch`` with Accelerate's spellings replaced; the script and its
+        arguments are left exactly as given."""
+        out: list[str] = []
+        i = 0
+        while i < len(argv):
+            token = argv[i]
+            if token == "--" or not token.startswith("-"):
+                return out + argv[i:]  # the script (or module) and everything after it
+            name, eq, value = token.partition("=")
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if name in self.options:
+                taken = 0 if eq else _values_taken(self.options[name], nxt)
+                out += argv[i:i + 1 + taken]
+                i += 1 + taken
+                continue
+            accelerate_name = name[2:] if name.startswith("--") else None
+            replaced = self._accelerate_flag(accelerate_name, eq, value, nxt) if accelerate_name else None
+            if replaced is None:
+                out.append(token)  # not ours nor Accelerate's: argparse reports it, with a did-you-mean
+                i += 1
+                continue
+            tokens, taken = replaced
+            out += tokens
+            i += 1 + taken
+        return out
+
+    def _accelerate_flag(self, key: str, eq: str, value: str, nxt: str | None) -> tuple[list[str], int] | None:
+        """The torchbay tokens for Accelerate's ``--key`` and how many following tokens it used."""
+        dashed = "--" + key.replace("_", "-")
+        if "_" in key and dashed in self.options:
+            taken = 0 if eq else _values_taken(self.options[dashed], nxt)
+            return ([dashed + eq + value] if eq else [dashed, *([nxt] if taken else [])]), taken
+        switches = self.table.get("launch_switches") or {}
+        if key in switches:
+            return self._settings_flags(key, switches[key]), 0
+        values = self.table.get("launch_values") or {}
+        if key in values:
+            if not eq and nxt is None:
+                raise ConfigError(f"--{key} (accelerate launch's) needs a value", header="bad command line")
+            flag, given = self.dests.get(values[key]), value if eq else nxt
+            return ([flag, given] if flag else [f"--set={values[key]}={given}"]), 0 if eq else 1
+        reason = (self.table.get("launch_refused") or {}).get(key) or (self.table.get("not_imported") or {}).get(key)
+        if reason:
+            raise ConfigError(f"--{key} is accelerate launch's; it has no meaning for torchbay launch: "
+                              f"{' '.join(str(reason).split())} (see torchbay launch --help)",
+                              header="bad command line")
+        return None
+
+    def _settings_flags(self, switch: str, meaning: Any) -> list[str]:
+        settings = meaning
+        if isinstance(meaning, str):  # a distributed_type: whatever that type sets, as config import does
+            types = self.table.get("distributed_type") or {}
+            if meaning not in types:
+                why = (self.table.get("unsupported_distributed_type") or {}).get(meaning)
+                raise ConfigError(f"--{switch} (accelerate launch's) chooses distributed_type {meaning}, which "
+                                  + (' '.join(str(why).split()) if why else
+                                     "no installed torchbay plugin provides (`torchbay plugins` lists them)"),
+                                  header="bad command line")
+            settings = types[meaning]
+        tokens: list[str] = []
+        for dotted, setting in (settings or {}).items():
+            flag = self.dests.get(dotted)
+            tokens += [flag, str(setting)] if flag else [f"--set={dotted}={setting}"]
+        return tokens
+
+
+def unknown_option_message(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """``unrecognized option --x; did you mean --y?`` for the options argparse did not know."""
+    options = sorted(o for o in options_of(parser) if o.startswith("--"))
+    parts = []
+    for token in unknown:
+        name = token.partition("=")[0]
+        if not name.startswith("-"):
+            parts.append(f"unexpected argument {token!r}")
+            continue
+        normalized = {o.replace("_", "-"): o for o in options}
+        close = difflib.get_close_matches(name.replace("_", "-"), list(normalized), n=1, cutoff=0.6)
+        parts.append(f"unrecognized option {name}" + (f"; did you mean {normalized[close[0]]}?" if close else ""))
+    return "; ".join(parts)  # (the parser's error adds "see <prog> --help")
