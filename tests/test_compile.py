@@ -191,6 +191,6 @@ def test_evaluation_mode_models_are_compiled_too():
     acc = Accelerator(config=AOT_EAGER)
     model = acc.prepare_model(torch.nn.Linear(4, 4), evaluation_mode=True)
     assert is_compiled(model)
+    x = torch.ones(1, 4, device=acc.device)
     with torch.no_grad():
-        assert torch.equal(model(torch.ones(1, 4)), torch.nn.functional.linear(torch.ones(1, 4), model.weight,
-                                                                                model.bias))
+        assert torch.equal(model(x), torch.nn.functional.linear(x, model.weight, model.bias))

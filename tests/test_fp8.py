@@ -474,7 +474,7 @@ def test_emulated_fp8_compiled_trains_as_uncompiled():
         out = []
         gen = torch.Generator().manual_seed(1)
         for _ in range(4):
-            loss = model(torch.randn(16, 32, generator=gen)).float().pow(2).mean()
+            loss = model(torch.randn(16, 32, generator=gen).to(acc.device)).float().pow(2).mean()
             acc.backward(loss)
             optimizer.step()
             optimizer.zero_grad()

@@ -1,29 +1,34 @@
-"""One process on one accelerator: every torchbay path that needs a GPU, checked and timed.
+"""One process on one accelerator: each torchbay path against raw PyTorch and against its engine used directly.
 
     python benchmarks/gpu/gpu_smoke.py                 # the best installed device (cuda on a GPU)
     python benchmarks/gpu/gpu_smoke.py --device cpu    # the same flow on the CPU (a dry run of this script)
+    python benchmarks/gpu/gpu_smoke.py --fp8-sizes 2048,4096,8192   # then the FP8 gain per hidden size
 
-For each case the same model, weights and batches go through a raw PyTorch loop and through
-torchbay; the table shows whether the losses agree, and the step time of each (median of the
-timed steps, the device synchronised around each step) with their ratio. Cases:
+The same model, weights and batches go through three loops per case (docs/architecture.md rule 13:
+each engine is judged against itself):
 
-- ``fp32`` and ``bf16`` (raw: ``torch.autocast``) on the selected device (strategy single);
-- ``fp8:torchao`` against the bf16 raw loop, where torchbay-fp8-torchao is installed and the
-  device has FP8 matmuls (compute capability 8.9 or newer);
-- ``fsdp`` (FSDP2 on a one-rank mesh, bf16) and ``deepspeed`` (ZeRO-2, bf16) where their
-  plugins and libraries are installed.
+- ``raw``: plain PyTorch, bf16 under ``torch.autocast`` (fp32 for the fp32 case), compiled when the
+  case is compiled: the reference of the core's own paths and the bf16 baseline of every case;
+- ``direct``: the engine's own API on the same config: torchao ``convert_to_float8_training`` (the
+  Linears torchbay converted, the same recipe) + ``torch.compile``; FSDP2 ``fully_shard`` with the
+  same ``MixedPrecisionPolicy``; ``deepspeed.initialize`` with the DeepSpeed config torchbay built;
+- ``torchbay``: ``Accelerator.prepare`` with the case's settings, out of the box.
 
-A case that cannot run says why in its row; the script fails (exit 1) only when a case that
-ran gave a loss that disagrees with its raw loop.
+Loss agreement is judged against ``direct`` where there is one (else ``raw``); the ratios are
+torchbay's step time over each reference (median of the timed steps, device synchronised). A case
+that cannot run says why; the script exits 1 only when a case that ran disagrees with its reference.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import nn
@@ -31,8 +36,18 @@ from torch import nn
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("MASTER_PORT", "29533")
 
-#: loss agreement with the raw loop: fp32 exact up to kernel order; bf16/fp8 within their rounding
-TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2, "fp8:torchao": 1e-1, "fsdp": 2e-2, "deepspeed": 2e-2}
+#: relative loss agreement with the reference: fp32 up to kernel order, the others within bf16/FP8 rounding
+TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2, "fp8": 5e-2}
+
+
+@dataclass
+class Case:
+    name: str
+    mode: str                      # fp32 | bf16 | fp8
+    compiled: bool = False
+    strategy: str = "single"
+    direct: str | None = None      # the engine used directly: torchao | fsdp | deepspeed
+    config: dict = field(default_factory=dict)
 
 
 def make_model(width: int, depth: int) -> nn.Module:
@@ -53,20 +68,14 @@ def synchronize(device: torch.device) -> None:
         torch.accelerator.synchronize(device)
 
 
-def raw_loop(args, device: torch.device, bf16: bool) -> tuple[list[float], list[float]]:
-    model = make_model(args.width, args.depth).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+def timed_steps(args, device: torch.device, step: Callable, in_dtype: torch.dtype = torch.float32):
+    """Run ``step(x, y) -> loss`` over the batches: (losses, times of the steps after the warm-up)."""
     losses, times = [], []
     for i, (x, y) in enumerate(batches(args.steps + args.warmup, args.batch, args.width)):
-        x, y = x.to(device), y.to(device)
+        x, y = x.to(device, in_dtype), y.to(device)
         synchronize(device)
         t0 = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            out = model(x)
-        loss = nn.functional.mse_loss(out.float(), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        loss = step(x, y)
         synchronize(device)
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
@@ -74,76 +83,244 @@ def raw_loop(args, device: torch.device, bf16: bool) -> tuple[list[float], list[
     return losses, times
 
 
-def torchbay_loop(args, case: str) -> tuple[list[float], list[float]]:
+def plain_step(model: nn.Module, optimizer, forward: Callable, autocast: torch.dtype | None, device) -> Callable:
+    def step(x, y):
+        with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            out = forward(x)
+        loss = nn.functional.mse_loss(out.float(), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+    return step
+
+
+def compile_kwargs(args) -> dict:
+    return {"backend": args.compile_backend}
+
+
+# --- the loops -------------------------------------------------------------------------------------
+
+
+def raw_loop(args, device, case: Case):
+    model = make_model(args.width, args.depth).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    forward = torch.compile(model, **compile_kwargs(args)) if case.compiled else model
+    return timed_steps(args, device, plain_step(model, opt, forward, None if case.mode == "fp32" else torch.bfloat16,
+                                                device))
+
+
+def torchbay_loop(args, case: Case, keep: dict):
     from torchbay import Accelerator
 
-    kwargs: dict = {"mixed_precision": "no" if case == "fp32" else "bf16"}
-    if case == "fp8:torchao":
-        kwargs = {"mixed_precision": "fp8", "config": {"fp8": {"backend": "torchao"}}}
-    elif case == "fsdp":
-        kwargs["strategy"] = "fsdp"
-    elif case == "deepspeed":
-        kwargs["strategy"] = "deepspeed"
-        kwargs["config"] = {"deepspeed": {"zero_stage": 2, "train_micro_batch_size_per_gpu": args.batch}}
-    if args.device:
-        kwargs["device"] = args.device
-    acc = Accelerator(**kwargs)
+    config = copy.deepcopy(case.config)
+    config["compile"] = {**config.get("compile", {}), "backend": args.compile_backend}
+    if case.mode == "fp8" and args.emulate:
+        config.setdefault("fp8", {}).setdefault("engine_options", {})["emulate"] = True
+    mixed = {"fp32": "no", "bf16": "bf16", "fp8": "fp8"}[case.mode]
+    acc = Accelerator(mixed_precision=mixed, strategy=case.strategy, config=config,
+                      **({"device": args.device} if args.device else {}))
     try:
         model = make_model(args.width, args.depth)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         model, opt = acc.prepare(model, opt)
-        # DeepSpeed's bf16 converts the module itself and casts no input (as under Accelerate):
-        # a float input must come in the module's dtype
-        in_dtype = next(acc.unwrap_model(model).parameters()).dtype if case == "deepspeed" else torch.float32
-        losses, times = [], []
-        for i, (x, y) in enumerate(batches(args.steps + args.warmup, args.batch, args.width)):
-            x, y = x.to(acc.device, in_dtype), y.to(acc.device)
-            synchronize(acc.device)
-            t0 = time.perf_counter()
+        if case.direct == "torchao":
+            keep["converted"] = list(acc.precision.converted[0])
+            keep["emulate"] = acc.precision.emulate
+        if case.direct == "deepspeed":
+            keep["ds_config"] = copy.deepcopy(acc.strategy.records[0].config)
+        keep["compiled"] = acc._compiler.compiled
+
+        def step(x, y):
             loss = nn.functional.mse_loss(model(x).float(), y)
             acc.backward(loss)
             opt.step()
             opt.zero_grad()
-            synchronize(acc.device)
-            if i >= args.warmup:
-                times.append(time.perf_counter() - t0)
-            losses.append(loss.item())
-        return losses, times
+            return loss
+
+        # DeepSpeed's bf16 converts the module itself and casts no input (as under Accelerate)
+        in_dtype = next(acc.unwrap_model(model).parameters()).dtype if case.strategy == "deepspeed" else torch.float32
+        return timed_steps(args, acc.device, step, in_dtype)
     finally:
         acc.end_training()
 
 
-def why_not(case: str, device_name: str) -> str | None:
+def torchao_direct(args, device, case: Case, keep: dict):
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    model = make_model(args.width, args.depth).to(device)
+    chosen = set(keep["converted"])
+    config = Float8LinearConfig.from_recipe_name("tensorwise")
+    if keep["emulate"]:
+        config = Float8LinearConfig(**{**{f: getattr(config, f) for f in config.__dataclass_fields__}, "emulate": True})
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: fqn in chosen)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    forward = torch.compile(model, **compile_kwargs(args)) if case.compiled else model
+    return timed_steps(args, device, plain_step(model, opt, forward, torch.bfloat16, device))
+
+
+def one_rank_group(device) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(dist.get_default_backend_for_device(device), rank=0, world_size=1)
+
+
+def fsdp_direct(args, device, case: Case, keep: dict):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    one_rank_group(device)
+    try:
+        model = make_model(args.width, args.depth).to(device)
+        mesh = init_device_mesh(device.type, (1,))
+        # torchbay's config for bf16: parameters gathered in bf16, gradients reduced in fp32, the
+        # forward under bf16 autocast; a Sequential of Linears has no block class: the root is the unit
+        fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                     reduce_dtype=torch.float32))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return timed_steps(args, device, plain_step(model, opt, model, torch.bfloat16, device))
+    finally:
+        dist.destroy_process_group()
+
+
+def deepspeed_direct(args, device, case: Case, keep: dict):
+    import deepspeed
+    import torch.distributed as dist
+
+    one_rank_group(device)
+    try:
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
+        model = make_model(args.width, args.depth)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=keep["ds_config"],
+                                          dist_init_required=False)
+
+        def step(x, y):
+            loss = nn.functional.mse_loss(engine(x).float(), y)
+            engine.backward(loss)
+            engine.step()
+            return loss
+
+        return timed_steps(args, device, step, next(engine.module.parameters()).dtype)
+    finally:
+        dist.destroy_process_group()
+
+
+DIRECT = {"torchao": torchao_direct, "fsdp": fsdp_direct, "deepspeed": deepspeed_direct}
+
+
+# --- which cases run here ----------------------------------------------------------------------------
+
+
+def cases(args) -> list[Case]:
+    off = {"compile": {"enabled": False}}
+    on = {"compile": {"enabled": True}}
+    fp8 = {"fp8": {"backend": "torchao"}}
+    # emulated FP8 (no FP8 matmul here) is not compiled by default: ask for it, to run the path
+    fp8_default = {**fp8, **on} if args.emulate else fp8
+    return [Case("fp32", "fp32", config=off), Case("bf16", "bf16", config=off),
+            Case("bf16 compiled", "bf16", compiled=True, config=on),
+            Case("fp8 torchao", "fp8", compiled=True, direct="torchao", config=fp8_default),
+            Case("fp8 eager", "fp8", direct="torchao", config={**fp8, **off}),
+            Case("fsdp bf16", "bf16", strategy="fsdp", direct="fsdp", config=off),
+            Case("zero2 bf16", "bf16", strategy="deepspeed", direct="deepspeed",
+                 config={**off, "deepspeed": {"zero_stage": 2, "train_micro_batch_size_per_gpu": args.batch}})]
+
+
+def why_not(case: Case, device_name: str) -> str | None:
     """Why ``case`` cannot run here, else None."""
+    import importlib.util
+
     from torchbay.plugins import get_plugin_manager
 
     registries = get_plugin_manager().registries()
-    if case == "fp8:torchao":
-        cls = registries["precisions"].get("fp8:torchao")
-        if cls is None:
+    if case.mode == "fp8":
+        if registries["precisions"].get("fp8:torchao") is None:
             return "torchbay-fp8-torchao is not installed"
-        if device_name == "cpu" or not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
-            return "no FP8 matmuls on this device (needs compute capability 8.9+)"
-        return cls.unavailable_reason(registries["devices"].get(device_name))
-    if case in ("fsdp", "deepspeed"):
-        if case not in registries["strategies"]:
-            return f"torchbay-{case} is not installed"
-        if case == "deepspeed":
-            try:
-                import deepspeed  # noqa: F401
-            except ImportError as exc:
-                return f"deepspeed cannot be imported ({exc})"
+    if case.strategy != "single":
+        if case.strategy not in registries["strategies"]:
+            return f"torchbay-{case.strategy} is not installed"
+        if importlib.util.find_spec(case.strategy) is None and case.strategy == "deepspeed":
+            return "deepspeed is not installed"
     return None
+
+
+def fp8_emulated(device: torch.device) -> bool:
+    return device.type != "cuda" or torch.cuda.get_device_capability() < (8, 9)
+
+
+# --- the tables ------------------------------------------------------------------------------------
+
+
+def rel_diff(losses: list[float], reference: list[float]) -> float:
+    return max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, reference))
+
+
+def run_case(args, device, device_name, case: Case, raw_runs: dict) -> tuple[str, bool]:
+    reason = why_not(case, device_name)
+    if reason:
+        return f"{case.name:<14} skipped: {reason}", True
+    key = ("fp32" if case.mode == "fp32" else "bf16", case.compiled)
+    if key not in raw_runs:
+        raw_runs[key] = raw_loop(args, device, Case(case.name, key[0], compiled=case.compiled))
+    raw_losses, raw_times = raw_runs[key]
+    keep: dict = {}
+    try:
+        losses, times = torchbay_loop(args, case, keep)
+        direct = DIRECT[case.direct](args, device, case, keep) if case.direct else None
+    except Exception as exc:  # one case failing must not hide the others
+        return f"{case.name:<14} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", False
+    ref_losses = direct[0] if direct else raw_losses
+    diff = rel_diff(losses, ref_losses)
+    tolerance = TOLERANCE[case.mode]
+    ok = diff <= tolerance and all(v == v for v in losses)  # NaN never passes
+    ms = statistics.median(times) * 1e3
+    raw_ms = statistics.median(raw_times) * 1e3
+    direct_ms = statistics.median(direct[1]) * 1e3 if direct else None
+    row = (f"{case.name:<14} {raw_ms:>9.2f} {direct_ms if direct_ms else float('nan'):>10.2f} {ms:>11.2f} "
+           f"{ms / raw_ms:>7.3f} {(ms / direct_ms) if direct_ms else float('nan'):>9.3f} {diff:>11.2e}  "
+           f"{'ok' if ok else 'LOSS DIFFERS from ' + (case.direct or 'raw') + f' (tolerance {tolerance:g})'}")
+    if keep.get("compiled") is not None and case.compiled and keep["compiled"] in ([], [[]]):
+        row += " (torchbay compiled nothing!)"
+        ok = False
+    return row, ok
+
+
+def fp8_sizes(args, device) -> None:
+    """FP8 gain per hidden size, out of the box: torchbay FP8 against the compiled bf16 loop (the
+    comparison with torchao used directly is the main table's, at the main width)."""
+    print(f"\nFP8 (torchao) per hidden size, out of the box: MLP {args.depth} x H, batch {args.batch}; ms per step")
+    header = f"{'hidden':>6} {'bf16 raw+compile':>17} {'torchbay fp8':>13} {'gain':>7}  converted"
+    print(header)
+    print("-" * len(header))
+    for width in args.fp8_sizes:
+        sized = argparse.Namespace(**{**vars(args), "width": width})
+        case = Case("fp8", "fp8", compiled=True, direct="torchao",
+                    config={"fp8": {"backend": "torchao"}, **({"compile": {"enabled": True}} if args.emulate else {})})
+        try:
+            bf16 = raw_loop(sized, device, Case("bf16", "bf16", compiled=True))
+            keep: dict = {}
+            ours = torchbay_loop(sized, case, keep)
+        except Exception as exc:
+            print(f"{width:>6} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            continue
+        b, t = (statistics.median(r[1]) * 1e3 for r in (bf16, ours))
+        print(f"{width:>6} {b:>17.2f} {t:>13.2f} {b / t:>6.2f}x  {len(keep['converted'])} Linear(s)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default=None, help="torchbay device name (default: the best installed)")
-    parser.add_argument("--width", type=int, default=None, help="hidden width (GPU default 4096, CPU 256)")
+    parser.add_argument("--width", type=int, default=None, help="hidden width (GPU default 8192, CPU 256)")
     parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=None, help="rows per step (GPU default 8192, CPU 64)")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=None, help="rows per step (GPU default 16384, CPU 64)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (GPU default 15, CPU 4)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed first steps (GPU 5, CPU 2)")
+    parser.add_argument("--compile-backend", default=None, help="GPU default inductor, CPU aot_eager")
+    parser.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
+    parser.add_argument("--fp8-sizes", default="", help="also the FP8 gain at these hidden sizes, e.g. 2048,4096,8192")
     args = parser.parse_args(argv)
 
     from torchbay import Accelerator
@@ -152,38 +329,35 @@ def main(argv: list[str] | None = None) -> int:
     device, device_name = probe.device, probe.device_backend.name
     probe.end_training()
     gpu = device.type != "cpu"
-    args.width = args.width or (4096 if gpu else 256)
-    args.batch = args.batch or (8192 if gpu else 64)
+    args.width = args.width or (8192 if gpu else 256)
+    args.batch = args.batch or (16384 if gpu else 64)
+    args.steps = args.steps or (15 if gpu else 4)
+    args.warmup = args.warmup or (5 if gpu else 2)
+    args.compile_backend = args.compile_backend or ("inductor" if gpu else "aot_eager")
+    args.emulate = fp8_emulated(device)
+    args.fp8_sizes = [int(s) for s in args.fp8_sizes.split(",") if s]
     name = torch.cuda.get_device_name() if device.type == "cuda" else device_name
     print(f"device {device_name} ({name}); torch {torch.__version__}; MLP {args.depth} x {args.width}, batch "
-          f"{args.batch}; {args.steps} timed steps after {args.warmup}", flush=True)
-
-    header = f"{'case':<13} {'raw ms':>9} {'torchbay ms':>12} {'ratio':>7} {'max |dloss|/loss':>17}  result"
+          f"{args.batch}; {args.steps} timed steps after {args.warmup}; compile backend {args.compile_backend}"
+          f"{'; FP8 EMULATED (its times mean nothing)' if args.emulate else ''}", flush=True)
+    header = (f"{'case':<14} {'raw ms':>9} {'direct ms':>10} {'torchbay ms':>11} {'tb/raw':>7} {'tb/direct':>9} "
+              f"{'dloss/loss':>11}  result")
     print(header)
     print("-" * len(header))
-    raw_runs = {bf16: raw_loop(args, device, bf16) for bf16 in (False, True)}
+    wanted = set(args.cases.split(",")) if args.cases else None
+    raw_runs: dict = {}
     bad = []
-    for case in ("fp32", "bf16", "fp8:torchao", "fsdp", "deepspeed"):
-        reason = why_not(case, device_name)
-        if reason:
-            print(f"{case:<13} {'':>9} {'':>12} {'':>7} {'':>17}  skipped: {reason}", flush=True)
+    for case in cases(args):
+        if wanted and case.name not in wanted:
             continue
-        raw_losses, raw_times = raw_runs[case != "fp32"]
-        try:
-            losses, times = torchbay_loop(args, case)
-        except Exception as exc:  # one case failing must not hide the others
-            bad.append(case)
-            print(f"{case:<13} {'':>9} {'':>12} {'':>7} {'':>17}  FAILED: {type(exc).__name__}: "
-                  f"{str(exc).splitlines()[0][:300]}", flush=True)
-            continue
-        diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, raw_losses))
-        ok = diff <= TOLERANCE[case] and all(map(lambda v: v == v, losses))  # NaN never passes
+        row, ok = run_case(args, device, device_name, case, raw_runs)
+        print(row, flush=True)
         if not ok:
-            bad.append(case)
-        raw_ms, ours_ms = statistics.median(raw_times) * 1e3, statistics.median(times) * 1e3
-        print(f"{case:<13} {raw_ms:>9.2f} {ours_ms:>12.2f} {ours_ms / raw_ms:>7.3f} {diff:>17.2e}  "
-              f"{'ok' if ok else f'LOSS DIFFERS (tolerance {TOLERANCE[case]:g})'}", flush=True)
-    print("raw for fp8/fsdp/deepspeed is the bf16 autocast loop; ratio > 1 means torchbay is slower")
+            bad.append(case.name)
+    print("raw: the plain loop (bf16 autocast, compiled for the compiled cases); direct: the engine's own API on "
+          "the same config; dloss against direct where there is one, else raw; ratios > 1: torchbay is slower")
+    if args.fp8_sizes:
+        fp8_sizes(args, device)
     if bad:
         print(f"failed: {', '.join(bad)}", file=sys.stderr)
     return 1 if bad else 0

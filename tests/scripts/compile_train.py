@@ -68,6 +68,7 @@ def run(strategy: str, compile_section: dict | None, accumulation: int = 1, step
     before = len(GRAPHS)
     losses = []
     for x, y in batches(acc.process_index, steps * accumulation):
+        x, y = x.to(acc.device), y.to(acc.device)
         with acc.accumulate(model):
             loss = torch.nn.functional.mse_loss(model(x), y)
             acc.backward(loss)
