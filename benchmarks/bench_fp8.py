@@ -85,6 +85,8 @@ def measure(mode: str, engine: str | None, args, hidden: int, device: str) -> di
         if engine == "torchao" and args.emulate:
             options["emulate"] = True
         config = {"fp8": {"backend": engine, "keep_first_and_last": False, "engine_options": options}}
+    # bf16 and FP8 alike compiled or not: torchbay's FP8 default compiles where FP8 kernels run
+    config["compile"] = {"enabled": args.compile}
     acc = Accelerator(mixed_precision=mode, device=device, config=config)
     torch.manual_seed(0)
     model = Stack(hidden, args.layers)
@@ -139,6 +141,8 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--engines", default=",".join(ENGINES))
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile every mode (default: on a GPU, off on a CPU)")
     args = p.parse_args(argv)
 
     probe = Accelerator(device=args.device) if args.device else Accelerator()
@@ -150,10 +154,11 @@ def main(argv=None) -> int:
     args.steps = args.steps or (20 if gpu else 3)
     args.warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
     args.seq = min(args.seq, args.tokens)
+    args.compile = gpu if args.compile is None else args.compile
     args.emulate = not gpu or (gpu and torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9))
     engines = []
     print(f"device: {device}; hidden sizes {args.hidden}; {args.layers} block(s); {args.tokens} tokens/step; "
-          f"{args.steps} timed steps after {args.warmup} warm-up")
+          f"{args.steps} timed steps after {args.warmup} warm-up; {'compiled' if args.compile else 'eager'}")
     for engine in args.engines.split(","):
         reason = engine_reason(engine, device, args.emulate)
         if reason:
