@@ -1,0 +1,206 @@
+"""The switch that makes torchbay answer ``import accelerate`` (issue 25; docs/accelerate-compat.md).
+
+Each case runs in a fresh interpreter, as users turn the switch on: by ``TORCHBAY_AS_ACCELERATE=1`` before Python
+starts (the installed ``torchbay_as_accelerate.pth`` reads it), by ``torchbay.compat.as_accelerate()``, or by
+``torchbay launch --as-accelerate``. The real Accelerate is installed here, so "nothing changes without the switch"
+is checked against it.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAMES = os.path.join(ROOT, "tests", "compat_hf", "accelerate_names.yaml")
+
+
+def _python(code: str, switch: bool, **env_extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
+    env.update(env_extra)
+    if switch:
+        env["TORCHBAY_AS_ACCELERATE"] = "1"
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+PROBE = """
+    import importlib.metadata, importlib.util, json, accelerate
+    print(json.dumps({"module": repr(accelerate), "version": accelerate.__version__,
+                      "metadata": importlib.metadata.version("accelerate"),
+                      "found": importlib.util.find_spec("accelerate") is not None}))
+"""
+
+
+def test_without_the_switch_import_accelerate_is_the_real_one():
+    seen = _python(PROBE, switch=False)
+    assert "site-packages" in seen["module"] and "torchbay" not in seen["module"]
+    assert seen["version"] == seen["metadata"] and not seen["version"].endswith("torchbay0.1.0")
+
+
+def test_the_environment_switch_serves_accelerate_from_interpreter_start():
+    seen = _python(PROBE + """
+    from accelerate import Accelerator
+    from accelerate.utils import gather, DistributedType
+    import torchbay
+    assert Accelerator is torchbay.Accelerator and gather is torchbay.utils.gather
+    """, switch=True)
+    import torchbay
+
+    assert "torchbay stand-in" in seen["module"] and seen["found"]
+    assert seen["version"] == seen["metadata"] == f"1.15.0+torchbay{torchbay.__version__}"
+
+
+def test_as_accelerate_switches_this_process_and_the_processes_it_starts():
+    seen = _python("""
+    import json, subprocess, sys
+    import torchbay.compat
+    torchbay.compat.as_accelerate()
+    import accelerate
+    child = subprocess.run([sys.executable, "-c", "import accelerate; print(repr(accelerate))"],
+                           capture_output=True, text=True).stdout.strip()
+    print(json.dumps({"here": repr(accelerate), "child": child}))
+    """, switch=False)
+    assert "torchbay stand-in" in seen["here"] and "torchbay stand-in" in seen["child"]
+
+
+def test_as_accelerate_after_the_real_accelerate_was_imported_says_how_to_fix_it():
+    seen = _python("""
+    import json, accelerate, torchbay.compat
+    from torchbay.errors import ConfigError
+    try:
+        torchbay.compat.as_accelerate()
+        print(json.dumps({"error": None}))
+    except ConfigError as exc:
+        print(json.dumps({"error": str(exc)}))
+    """, switch=False)
+    assert "already imported" in seen["error"] and "TORCHBAY_AS_ACCELERATE=1" in seen["error"]
+
+
+def test_without_accelerate_installed_the_switch_still_serves_it_and_its_test_helpers_say_what_to_install():
+    seen = _python("""
+    import json
+    from torchbay.compat import finder
+    finder._accelerate_dir = lambda: None  # as on a machine without the real Accelerate
+    finder.as_accelerate()
+    import accelerate
+    from accelerate import Accelerator
+    try:
+        import accelerate.test_utils
+        error = None
+    except ImportError as exc:
+        error = str(exc)
+    print(json.dumps({"module": repr(accelerate), "error": error}))
+    """, switch=False)
+    assert "torchbay stand-in" in seen["module"] and "pip install accelerate" in seen["error"]
+
+
+def test_every_name_the_hugging_face_libraries_import_from_accelerate_resolves():
+    """tests/compat_hf/accelerate_names.yaml: read from transformers/peft/trl/diffusers sources."""
+    names = yaml.safe_load(open(NAMES, encoding="utf-8"))
+    assert set(names) == {"transformers", "peft", "trl", "diffusers"}
+    seen = _python(f"""
+    import importlib, json, yaml
+    names = yaml.safe_load(open({NAMES!r}))
+    bad, count = [], 0
+    for library, modules in names.items():
+        for module, attrs in modules.items():
+            m = importlib.import_module(module)
+            for a in attrs:
+                count += 1
+                try:
+                    getattr(m, a)
+                except AttributeError:
+                    try:
+                        importlib.import_module(module + "." + a)
+                    except ImportError as exc:
+                        bad.append(f"{{library}}: {{module}}.{{a}}: {{exc}}")
+    print(json.dumps({{"count": count, "bad": bad}}))
+    """, switch=True)
+    assert seen["count"] > 100 and seen["bad"] == []
+
+
+def test_a_name_torchbay_does_not_offer_is_a_missing_attribute_that_says_why():
+    seen = _python("""
+    import json, accelerate.utils, torchbay.utils
+    has = hasattr(accelerate.utils, "MegatronLMPlugin")
+    try:
+        from accelerate.utils import MegatronLMPlugin
+        imported = None
+    except ImportError as exc:
+        imported = str(exc)
+    try:
+        torchbay.utils.MegatronLMPlugin
+        attribute = None
+    except AttributeError as exc:
+        attribute = str(exc)
+    try:
+        from accelerate.utils import no_such_name_anywhere
+        unknown = None
+    except ImportError as exc:
+        unknown = str(exc)
+    print(json.dumps({"has": has, "imported": imported, "attribute": attribute, "unknown": unknown}))
+    """, switch=True)
+    assert seen["has"] is False
+    assert "Megatron-LM is not a torchbay strategy" in seen["imported"]
+    assert "Megatron-LM is not a torchbay strategy" in seen["attribute"]
+    assert "not offered by torchbay" in seen["unknown"]
+
+
+def test_a_name_whose_plugin_is_not_installed_imports_and_its_use_names_the_distribution():
+    seen = _python("""
+    import json
+    from accelerate.utils import save_fsdp_model, FullyShardedDataParallelPlugin
+    from torchbay.compat_names import UnsupportedAPIError
+    said = []
+    for use in (lambda: save_fsdp_model(None, None, None, "out"), lambda: FullyShardedDataParallelPlugin()):
+        try:
+            use()
+        except UnsupportedAPIError as exc:
+            said.append(str(exc))
+    print(json.dumps({"said": said, "isinstance": isinstance(object(), FullyShardedDataParallelPlugin)}))
+    """, switch=True, TORCHBAY_BLOCK_PLUGINS="fsdp")
+    assert len(seen["said"]) == 2 and all("pip install torchbay-fsdp" in s for s in seen["said"])
+    assert seen["isinstance"] is False
+
+
+def test_accelerate_commands_read_an_accelerate_config_file_and_parse_a_launch(tmp_path):
+    config = tmp_path / "default_config.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_processes: 2\n")
+    seen = _python(f"""
+    import json
+    from accelerate.commands.config import load_config_from_file
+    from accelerate.commands.launch import launch_command_parser
+    settings = load_config_from_file({str(config)!r}).to_dict()
+    args = launch_command_parser().parse_args(["--num-processes", "2", "train.py", "--lr", "1"])
+    print(json.dumps({{"settings": settings, "script": args.script, "script_args": args.script_args,
+                       "as_accelerate": getattr(args, "launch.as_accelerate")}}))
+    """, switch=True)
+    assert seen["settings"]["num_processes"] == 2
+    assert seen["script"] == "train.py" and seen["script_args"] == ["--lr", "1"] and seen["as_accelerate"] is True
+
+
+@pytest.mark.multiprocess
+def test_torchbay_launch_as_accelerate_switches_every_worker(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text("import accelerate, os\nprint('PROBE', os.environ['RANK'], repr(accelerate), flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
+    torchbay = os.path.join(os.path.dirname(sys.executable), "torchbay")
+    runs = {}
+    config = tmp_path / "hf.yaml"  # (a ./torchbay.yaml would be read by every launch here)
+    config.write_text("launch:\n  as_accelerate: true\n")
+    for label, flags in (("flag", ["--as-accelerate"]), ("config key", ["--config-file", str(config)]),
+                         ("off", [])):
+        done = subprocess.run([torchbay, "launch", "-q", "--num-processes", "2", *flags, str(script)],
+                              capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[label] = sorted(line for line in done.stdout.splitlines() if line.startswith("PROBE"))
+    for label in ("flag", "config key"):
+        assert len(runs[label]) == 2 and all("torchbay stand-in" in line for line in runs[label]), runs[label]
+    assert len(runs["off"]) == 2 and not any("torchbay" in line for line in runs["off"])
