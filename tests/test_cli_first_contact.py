@@ -164,3 +164,43 @@ def test_an_unknown_flag_gets_the_nearest_one_and_the_help_to_read(tmp_path, scr
                                    "--nproc-per-node? (see torchbay launch --help)"), done.stderr
     show = torchbay("config", "show", "--source", cwd=tmp_path)
     assert "did you mean --sources?" in show.stderr and "torchbay config show --help" in show.stderr, show.stderr
+
+
+# --- torchbay config writes ./torchbay.yaml and torchbay launch reads it ---------------------------
+
+def test_the_file_torchbay_config_writes_is_read_by_launch_from_its_folder(tmp_path, script):
+    wrote = torchbay("config", "--default", cwd=tmp_path)
+    assert wrote.returncode == 0 and (tmp_path / "torchbay.yaml").is_file(), wrote.stderr
+    assert "torchbay launch run from this folder reads it" in wrote.stderr
+    text = (tmp_path / "torchbay.yaml").read_text()
+    (tmp_path / "torchbay.yaml").write_text(text.replace("mixed_precision: 'no'", "mixed_precision: bf16")
+                                            .replace("mixed_precision: no", "mixed_precision: bf16"))
+    plan = torchbay("launch", "--dry-run", str(script), cwd=tmp_path)
+    assert "mixed_precision bf16; config file ./torchbay.yaml (found in the working directory" in plan.stdout, \
+        plan.stdout + plan.stderr
+    ran = torchbay("launch", str(script), cwd=tmp_path)
+    assert ran.returncode == 0 and "config file ./torchbay.yaml" in ran.stderr.splitlines()[0], ran.stderr
+    shown = torchbay("config", "show", "--sources", cwd=tmp_path)
+    assert '"bf16"  # config file torchbay.yaml' in shown.stdout, shown.stdout
+    named = torchbay("launch", "--dry-run", "--config-file", os.devnull, str(script), cwd=tmp_path)
+    assert "mixed_precision no" in named.stdout and "found in the working directory" not in named.stdout
+
+
+# --- output that ends early, help that fits -----------------------------------------------------------
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
+    proc = subprocess.Popen([sys.executable, "-m", "torchbay.cli.main", "config", "show", "--sources"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # as `| head -0` does: gone before the first line is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_estimate_memory_help_shows_only_what_it_reads():
+    done = torchbay("estimate-memory", "--help")
+    assert done.returncode == 0
+    assert "--num-processes" in done.stdout and "--set" in done.stdout
+    for unused in ("--mixed-precision", "--dataloader-even-batches", "--checkpoint-io", "--fp8-recipe", "--log-with"):
+        assert unused not in done.stdout, unused
+    assert len(done.stdout.splitlines()) < 80

@@ -26,6 +26,9 @@ NO_FLAG: set[str] = {"compile.options"}  # a mapping: --set compile.options.<key
 CONFIG_DESTS_ATTR = "_torchbay_config_dests"
 #: attribute of a generated flag's argparse action: the config field's annotation
 ANNOTATION_ATTR = "torchbay_annotation"
+#: the file `torchbay config` writes, read by the commands from the working directory when no
+#: config file is named (as `accelerate launch` reads Accelerate's default config file)
+DEFAULT_CONFIG_FILE = "torchbay.yaml"
 
 
 def _is_section(annotation: Any) -> bool:
@@ -100,13 +103,18 @@ def add_section_options(container, section: str, model: Any, skip: set[str] | fr
             _add_flag(container, flag_name(section, key), f"{section}.{key}", field.annotation, field.description or "")
 
 
-def add_config_options(parser: argparse.ArgumentParser, command: str, pm=None) -> None:
-    """Add ``--config-file``, a flag per core setting, ``--set`` and the plugins' flags."""
+def add_config_options(parser: argparse.ArgumentParser, command: str, pm=None,
+                       core_keys: typing.Collection[str] | None = None) -> None:
+    """Add ``--config-file``, a flag per core setting (or per key of ``core_keys``: the ones the
+    command uses; ``--set`` still sets any), ``--set`` and the plugins' flags."""
     dests: dict[str, str] = {}
     parser.add_argument("--config-file", metavar="FILE", default=None,
-                        help="YAML config file (default: $TORCHBAY_CONFIG_FILE)")
+                        help=f"YAML config file (default: $TORCHBAY_CONFIG_FILE, else ./{DEFAULT_CONFIG_FILE} when "
+                             f"there is one, as `torchbay config` writes it)")
     group = parser.add_argument_group("settings (each overrides the config file and TORCHBAY_* variables)")
     for flag, dotted, annotation, help_text in core_flags():
+        if core_keys is not None and dotted not in core_keys:
+            continue
         _add_flag(group, flag, dotted, annotation, help_text)
         dests[dotted] = flag
     group.add_argument("--set", dest="_set", action="append", default=[], metavar="KEY=VALUE",
@@ -169,8 +177,14 @@ def resolve_from_args(args: argparse.Namespace, pm=None, environ=None):
 
     from torchbay.config import RESOLVED_ENV, resolve_config
 
+    from torchbay.config_files import CONFIG_FILE_ENV
+
     environ = dict(os.environ if environ is None else environ)
     environ.pop(RESOLVED_ENV, None)  # a launcher resolves afresh, even inside another job
+    if getattr(args, "config_file", None) is None and not environ.get(CONFIG_FILE_ENV) and \
+            os.path.isfile(DEFAULT_CONFIG_FILE):
+        args.config_file = DEFAULT_CONFIG_FILE
+        args.config_file_found = True  # (the plan line says where it came from)
     return resolve_config(file=getattr(args, "config_file", None), environ=environ, cli=cli_values(args), pm=pm)
 
 

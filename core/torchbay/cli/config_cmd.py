@@ -9,7 +9,7 @@ import typing
 from pathlib import Path
 from typing import Any, Callable
 
-DEFAULT_OUTPUT = "torchbay.yaml"
+from torchbay.cli._options import DEFAULT_CONFIG_FILE as DEFAULT_OUTPUT
 
 
 def register(subparsers) -> None:
@@ -346,6 +346,10 @@ def questionnaire_command(args: argparse.Namespace, asker: Asker | None = None) 
     except Exception:
         path.unlink()
         raise
-    print(f"wrote {path}; use it with: torchbay launch --config-file {path} script.py "
-          f"(or export TORCHBAY_CONFIG_FILE={path})", file=sys.stderr)
+    if str(path) == DEFAULT_OUTPUT:
+        print(f"wrote {path}; torchbay launch run from this folder reads it (elsewhere: --config-file "
+              f"{path.absolute()})", file=sys.stderr)
+    else:
+        print(f"wrote {path}; use it with: torchbay launch --config-file {path} script.py "
+              f"(or export TORCHBAY_CONFIG_FILE={path})", file=sys.stderr)
     return 0

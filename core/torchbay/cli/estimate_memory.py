@@ -22,13 +22,17 @@ from typing import Any
 from torchbay.errors import IncompatibleSetupError
 
 
+#: the core settings the estimate reads (every strategy and precision is estimated; other keys: --set)
+ESTIMATE_KEYS = ("launch.num_processes", "launch.nproc_per_node", "launch.num_machines")
+
+
 def register(subparsers) -> None:
     from torchbay.cli._options import add_config_options
 
     parser = subparsers.add_parser("estimate-memory", help="per-process memory of a model for each strategy "
                                    "and precision (no activations)", description=__doc__.split("\n\n", 1)[1])
     parser.add_argument("model", metavar="MODEL", help="pkg.module:factory, or a .safetensors file or folder")
-    add_config_options(parser, "estimate-memory")
+    add_config_options(parser, "estimate-memory", core_keys=ESTIMATE_KEYS)
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.set_defaults(func=estimate_command)
 

@@ -61,20 +61,26 @@ def launch_command(args: argparse.Namespace) -> int:
              f"mixed_precision {resolved.config.mixed_precision}")
     if args.dry_run:
         print("\n".join(plan.describe()))
-        print(f"set-up: {setup}")
+        print(f"set-up: {setup}{_found_config(args)}")
         extra = sorted(k for k in env if k != "TORCHBAY_RESOLVED_CONFIG")
         print("worker environment: TORCHBAY_RESOLVED_CONFIG" + "".join(f", {k}={env[k]}" for k in extra))
         if plan.mode == "torchrun":
             print("torchrun " + " ".join(torchrun_argv(plan, args.script, args.script_args, args.module)))
         return 0
     if not args.quiet:
-        print(f"torchbay launch: {plan.summary()}; {setup}", file=sys.stderr, flush=True)
+        print(f"torchbay launch: {plan.summary()}; {setup}{_found_config(args)}", file=sys.stderr, flush=True)
     if plan.mode == "direct":
         exec_direct(plan, env, args.script, args.script_args, args.module)
     code = run_torchrun(plan, env, args.script, args.script_args, args.module)
     if _is_console_command():
         _exit_now(code)
     return code
+
+
+def _found_config(args: argparse.Namespace) -> str:
+    if not getattr(args, "config_file_found", False):
+        return ""
+    return f"; config file ./{args.config_file} (found in the working directory; --config-file FILE to use another)"
 
 
 def _check_module(name: str) -> None:

@@ -134,6 +134,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `torchbay config show | head`: the reader has all it wanted
+        return _reader_went_away()
+
+
+def _reader_went_away() -> int:
+    """Send what is left of stdout nowhere (so that its flush at exit does not fail again) and
+    exit as a command killed by SIGPIPE would."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ def torchbay_config_sections():
 def torchbay_add_cli_options(parser, command):
     from torchbay.cli._options import add_section_options
 
+    if command == "estimate-memory":  # it estimates every precision; no FP8 setting changes its numbers
+        return
     group = parser.add_argument_group("fp8 (mixed_precision: fp8; torchbay-fp8)")
     add_section_options(group, "fp8", FP8Config, skip={"engine_options"})
 
