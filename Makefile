@@ -7,9 +7,9 @@ PIP := $(PY) -m pip
 PLUGIN_DIRS := $(patsubst %/setup.cfg,%,$(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg))
 NPROC ?= 2
 
-.PHONY: setup demo test compat bench clean
+.PHONY: setup demo test compat compat-hf bench clean
 
-$(VENV)/.installed: setup.cfg pyproject.toml constraints.txt requirements-dev.txt $(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg)
+$(VENV)/.installed: setup.cfg setup.py core/torchbay_as_accelerate.pth pyproject.toml constraints.txt requirements-dev.txt $(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip "setuptools>=64" wheel
 	$(PIP) install -q -c constraints.txt torch==2.13.0
@@ -37,8 +37,23 @@ test: setup
 compat: setup
 	$(PY) tests/compat/run.py
 
+# transformers' Trainer, peft, trl and diffusers on Accelerate and on torchbay (the switch alone), side by side,
+# in their own venv so that the main one stays free of them (docs/accelerate-compat.md, "The Hugging Face libraries")
+HF_VENV ?= .venv-hf
+HF_PY := $(HF_VENV)/bin/python
+$(HF_VENV)/.installed: setup.cfg setup.py constraints.txt tests/compat_hf/constraints-hf.txt tests/compat_hf/requirements-hf.txt $(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg)
+	$(PYTHON) -m venv $(HF_VENV)
+	$(HF_PY) -m pip install -q --upgrade pip "setuptools>=64" wheel
+	$(HF_PY) -m pip install -q -c constraints.txt torch==2.13.0
+	$(HF_PY) -m pip install -q -c constraints.txt -c tests/compat_hf/constraints-hf.txt -r tests/compat_hf/requirements-hf.txt
+	$(HF_PY) -m pip install -q -c constraints.txt --no-build-isolation -e . $(addprefix -e ,$(PLUGIN_DIRS))
+	touch $@
+
+compat-hf: $(HF_VENV)/.installed
+	$(HF_PY) tests/compat_hf/run.py
+
 bench: setup
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(HF_VENV) runs
