@@ -204,3 +204,16 @@ def test_estimate_memory_help_shows_only_what_it_reads():
     for unused in ("--mixed-precision", "--dataloader-even-batches", "--checkpoint-io", "--fp8-recipe", "--log-with"):
         assert unused not in done.stdout, unused
     assert len(done.stdout.splitlines()) < 80
+
+
+# --- torchbay env: short enough to paste ---------------------------------------------------------------
+
+def test_env_starts_with_python_torch_torchbay_and_plugins_and_says_each_thing_once(tmp_path):
+    done = torchbay("env", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:3] == ["```", "torchbay env", ""]
+    assert [line.split(":")[0] for line in lines[3:8]] == ["python", "torch", "torchbay", "libraries", "plugins"]
+    unavailable = [line.split(": not available: ", 1)[1] for line in lines if ": not available: " in line]
+    assert all(done.stdout.count(reason) == 1 for reason in unavailable), done.stdout  # each device once
+    assert len(lines) <= 50, f"{len(lines)} lines:\n{done.stdout}"  # was 81 with every plugin here installed

@@ -46,7 +46,7 @@ def test_env_block(capsys, tmp_path, monkeypatch):
     code, out, _ = run(capsys, "env", "--config-file", str(cfg))
     assert code == 0
     assert out.startswith("```\ntorchbay env") and out.rstrip().endswith("```")
-    for needle in ("python:", "torch: " + torch.__version__, "torchbay:", "pydantic:", "cpu (torchbay",
+    for needle in ("python:", "torch: " + torch.__version__, "torchbay:", "pydantic:", "built in (torchbay",
                    "reporting: fakelib: 9.9.9", "cpu: 1 found,", "GiB", "cluster: single",
                    'mixed_precision: "bf16"  # file', "seed: 3  # env"):
         assert needle in out, needle

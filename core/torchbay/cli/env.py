@@ -10,9 +10,21 @@ from typing import Any
 def register(subparsers) -> None:
     parser = subparsers.add_parser("env", help="versions, plugins, devices and config: paste it into bug reports")
     parser.add_argument("--config-file", metavar="FILE", default=None, help="config to report (default: "
-                        "$TORCHBAY_CONFIG_FILE)")
+                        "$TORCHBAY_CONFIG_FILE, else ./torchbay.yaml when there is one)")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.set_defaults(func=env_command)
+
+
+def _found_config_file() -> str | None:
+    """./torchbay.yaml when no config file is named, as torchbay launch reads it."""
+    import os
+
+    from torchbay.cli._options import DEFAULT_CONFIG_FILE
+    from torchbay.config_files import CONFIG_FILE_ENV
+
+    if not os.environ.get(CONFIG_FILE_ENV) and os.path.isfile(DEFAULT_CONFIG_FILE):
+        return DEFAULT_CONFIG_FILE
+    return None
 
 
 def _fmt_bytes(n: int | None) -> str:
@@ -28,11 +40,14 @@ def collect(pm, config_file: str | None = None) -> dict[str, Any]:
     from torchbay.config import RESOLVED_ENV, resolve_config
 
     report: dict[str, Any] = {"versions": {}, "plugins": [], "backends": {}, "devices": [], "config": {}}
-    registries = pm.registries()
     try:
         pm.config_sections()  # a plugin failing here is listed as failed below
+        from torchbay.selection import probe_run_hooks
+
+        probe_run_hooks(pm, config_file)  # and one failing in torchbay_validate / torchbay_state_extra
     except Exception:
         pass
+    registries = pm.registries()  # without what a failed plugin registered
     for impl in reversed(pm.hook.torchbay_report_env.get_hookimpls()):
         try:
             found = impl.function() or {}
@@ -50,7 +65,8 @@ def collect(pm, config_file: str | None = None) -> dict[str, Any]:
             report["versions"][dist] = "not installed"
     for info in sorted(pm.infos.values(), key=lambda i: (i.status != "builtin", i.name)):
         report["plugins"].append({"name": info.name, "distribution": info.distribution, "version": info.version,
-                                  "status": info.status, "error": info.error, "hook": info.hook})
+                                  "status": info.status, "error": info.error, "hook": info.hook,
+                                  "fix": info.how_to_remove() if info.status == "failed" else ""})
     for name, cls in sorted(registries["devices"].items()):
         entry: dict[str, Any] = {"name": name, "plugin": getattr(cls, "_torchbay_plugin", "?")}
         try:
@@ -107,36 +123,92 @@ def _trackers(registry: dict[str, Any]) -> list[dict[str, Any]]:
 def env_command(args: argparse.Namespace) -> int:
     from torchbay.plugins import get_plugin_manager
 
-    report = collect(get_plugin_manager(), args.config_file)
+    report = collect(get_plugin_manager(), args.config_file or _found_config_file())
     if args.format == "json":
         print(json.dumps(report, indent=2))
         return 0
-    out = ["```", "torchbay env", "", "versions:"]
-    out += [f"  {k}: {v}" for k, v in report["versions"].items()]
-    out.append("plugins:")
+    print("\n".join(["```", "torchbay env", ""] + _head(report) + _plugins(report) + _reported(report)
+                    + _devices(report) + _trackers_lines(report) + _tail(report) + ["```"]))
+    return 0
+
+
+#: what the built-in environment plugin reports, shown first (docs/cli.md)
+FIRST = ("python", "platform", "torch", "torch accelerator", "torchbay")
+
+
+def _head(report: dict[str, Any]) -> list[str]:
+    own = report["backends"].get("environment", {})
+    lines = [f"python: {own.get('python', '?')} ({own.get('platform', '?')})",
+             f"torch: {own.get('torch', '?')} (accelerator: {own.get('torch accelerator', '?')})",
+             f"torchbay: {own.get('torchbay', '?')}"]
+    rest = {k: v for k, v in {**own, **report["versions"]}.items() if k not in FIRST}
+    return lines + ["libraries: " + ", ".join(f"{k}: {v}" for k, v in rest.items())]
+
+
+def _wrapped(label: str, items: list[str], width: int = 100) -> list[str]:
+    """``  label: a, b, c`` over as many lines as it takes, never splitting an item."""
+    lines = [f"  {label}: "]
+    for i, item in enumerate(items):
+        piece = item + ("," if i < len(items) - 1 else "")
+        if len(lines[-1]) + len(piece) > width and lines[-1].strip():
+            lines.append("    ")
+        lines[-1] += piece + " "
+    return [line.rstrip() for line in lines]
+
+
+def _plugins(report: dict[str, Any]) -> list[str]:
+    builtin = [p for p in report["plugins"] if p["status"] == "builtin"]
+    loaded = [p for p in report["plugins"] if p["status"] == "loaded"]
+    out = ["plugins:"]
+    if builtin:
+        out += _wrapped(f"built in ({builtin[0]['distribution']} {builtin[0]['version']})", [p["name"] for p in builtin])
+    out += _wrapped("loaded", [f"{p['name']} {p['version']}" if p["distribution"] == f"torchbay-{p['name']}"
+                               else f"{p['name']} ({p['distribution']} {p['version']})" for p in loaded])
     for p in report["plugins"]:
+        if p in builtin or p in loaded:
+            continue
         line = f"  {p['name']} ({p['distribution']} {p['version']}): {p['status']}"
         if p.get("hook") and p["hook"] not in ("import", "registration"):
             line += f" in {p['hook']}"
-        out.append(line + (f": {p['error']}" if p["error"] else ""))
-    if report["backends"]:
-        out.append("backend libraries (reported by plugins):")
-        for plugin, values in report["backends"].items():
-            for k, v in values.items():
-                out.append(f"  {plugin}: {k}: {v}")
-    out.append("devices:")
+        out.append(line + (f": {p['error']}" if p["error"] else "") + (f" ({p['fix']})" if p.get("fix") else ""))
+    return out
+
+
+def _reported(report: dict[str, Any]) -> list[str]:
+    """What plugins report about their libraries, but what the device lines say anyway."""
+    said = {f"not available: {d['reason']}" for d in report["devices"] if not d["available"]}
+    lines = []
+    for plugin, values in report["backends"].items():
+        for key, value in values.items():
+            if plugin == "environment" or value in said:
+                continue
+            lines.append(f"  {plugin}: {value}" if key == plugin else f"  {plugin}: {key}: {value}")
+    return ["reported by plugins:"] + lines if lines else []
+
+
+def _devices(report: dict[str, Any]) -> list[str]:
+    out = ["devices:"]
     for d in report["devices"]:
         if d["available"]:
             out.append(f"  {d['name']}: {d['count']} found, {d.get('memory', '')}")
         else:
             out.append(f"  {d['name']}: not available: {d['reason']}")
-    out.append("trackers (tracking.log_with selects by name):")
-    for t in report["trackers"]:
-        out.append(f"  {t['name']} ({t['plugin']}): " + ("available" if t["available"] else
-                                                         f"not available: {t['reason']}"))
+    return out
+
+
+def _trackers_lines(report: dict[str, Any]) -> list[str]:
+    available = [t["name"] for t in report["trackers"] if t["available"]]
+    out = ["trackers (tracking.log_with selects by name):"] + _wrapped("available", available)
+    out += [f"  {t['name']} ({t['plugin']}): not available: {t['reason']}" for t in report["trackers"]
+            if not t["available"]]
     if report.get("tracking"):
         out.append("logs of the selected trackers go to:")
         out += [f"  {name}: {where}" for name, where in report["tracking"].items()]
+    return out
+
+
+def _tail(report: dict[str, Any]) -> list[str]:
+    out = []
     out.append(f"cluster: {report['cluster']}")
     if "config_error" in report:
         out.append("config: INVALID")
@@ -147,6 +219,4 @@ def env_command(args: argparse.Namespace) -> int:
             out.append("  all defaults")
         for k, v in report["config"].items():
             out.append(f"  {k}: {json.dumps(v['value'])}  # {v['source']}")
-    out.append("```")
-    print("\n".join(out))
-    return 0
+    return out
