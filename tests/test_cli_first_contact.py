@@ -217,3 +217,15 @@ def test_env_starts_with_python_torch_torchbay_and_plugins_and_says_each_thing_o
     unavailable = [line.split(": not available: ", 1)[1] for line in lines if ": not available: " in line]
     assert all(done.stdout.count(reason) == 1 for reason in unavailable), done.stdout  # each device once
     assert len(lines) <= 50, f"{len(lines)} lines:\n{done.stdout}"  # was 81 with every plugin here installed
+
+
+# --- the README's first screen ----------------------------------------------------------------------
+
+def test_the_readme_first_screen_has_the_gpu_set_up_and_the_two_guides():
+    first_screen = "\n".join((ROOT / "README.md").read_text().splitlines()[:45])
+    for needle in ("CUDA or ROCm build of torch", "pip install\ntorchbay torchbay-cuda", "torchbay env",
+                   "(accelerator: cuda)", "cuda: 8 found", "docs/accelerate-compat.md", "docs/fault-tolerance.md"):
+        assert needle in first_screen, needle
+    for linked in ("docs/accelerate-compat.md", "docs/fault-tolerance.md"):
+        assert (ROOT / linked).is_file()
+    assert "torchbay-cuda" in _in_tree_distributions()  # the distribution it names is published here
