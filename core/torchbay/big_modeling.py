@@ -24,7 +24,8 @@ from torchbay.checkpoint_loading import OFFLOADED, Slot, load_checkpoint_in_mode
 from torchbay.device_map import (CPU, DISK, accelerator_class, check_device_map, device_key,
                                  get_balanced_memory, infer_auto_device_map, named_module_tensors, torch_device)
 from torchbay.dispatch_hooks import (AlignDevicesHook, CpuOffload, UserCpuOffloadHook, add_hook_to_module,
-                                     attach_align_device_hook, remove_hook_from_module)
+                                     attach_align_device_hook, attach_execution_device_hook,
+                                     remove_hook_from_module)
 from torchbay.errors import ConfigError
 from torchbay.offload_index import (INDEX as OFFLOAD_INDEX, LEGACY_INDEX as LEGACY_OFFLOAD_INDEX, FileSource,
                                     OffloadedWeightsLoader, PrefixedDataset, read_offload_index, save_offload_index,
@@ -271,6 +272,10 @@ def _attach_hooks(model, keys, main, offloaded, slots, home, loader, offload_buf
         add_hook_to_module(module, hook)
     if "" not in exec_device:
         add_hook_to_module(model, AlignDevicesHook(torch_device(main), io_same_device=True, skip_keys=skip_keys))
+    for unit, place in keys.items():  # as Accelerate: every module with tensors knows its execution device
+        module = _get(model, unit)
+        if isinstance(module, nn.Module):
+            attach_execution_device_hook(module, execution(place), skip_keys=skip_keys, preload_module_classes=preload)
 
 
 def _tensors(module: nn.Module):
