@@ -17,14 +17,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 TARGET = HERE / "accelerate-compat.md"
 
-#: Accelerate module -> torchbay module (what tests/compat/redirect.py aliases)
-MODULES = [("accelerate", "torchbay"), ("accelerate.accelerator", "torchbay.accelerator"),
-           ("accelerate.state", "torchbay.state"), ("accelerate.data_loader", "torchbay.data"),
-           ("accelerate.utils (and its submodules)", "torchbay.utils"), ("accelerate.logging", "torchbay.utils"),
-           ("accelerate.launchers", "torchbay.launchers"),
-           ("accelerate.optimizer, accelerate.scheduler", "torchbay.wrappers"),
-           ("accelerate.tracking", "torchbay.tracking"), ("accelerate.big_modeling", "torchbay.big_modeling"),
-           ("accelerate.parallelism_config", "torchbay.parallelism_config")]
+#: the Hugging Face libraries' names (tests/compat_hf/accelerate_names.yaml) and the last `make compat-hf` tables
+LIBRARY_NAMES = HERE.parent / "tests" / "compat_hf" / "accelerate_names.yaml"
+COMPAT_HF_RESULTS = HERE / "compat-hf-results.md"
+
+
+def modules() -> list[tuple[str, str]]:
+    """Accelerate module -> the torchbay module that answers it (the switch's own table)."""
+    from torchbay.compat.finder import MODULES
+
+    return [(a if a != "accelerate.utils" else "accelerate.utils (and its submodules)", t)
+            for a, t in MODULES.items()]
+
 
 #: names that behave differently from Accelerate's in a way a user may notice
 NOTES = {
@@ -74,6 +78,7 @@ def status(name: str, where: str) -> tuple[str, str]:
     import importlib
 
     import torchbay.compat_names as cn
+    from torchbay.compat import library_names
 
     module = importlib.import_module("torchbay" if where == "accelerate" else "torchbay.utils")
     plugin = cn._table().get("plugin_names", {}).get(name)
@@ -81,6 +86,8 @@ def status(name: str, where: str) -> tuple[str, str]:
         return "plugin-provided", f"from {plugin['install']} when installed ({plugin['module']})"
     entry = cn.unsupported().get(name)
     if entry:
+        if name in library_names.placeholders():
+            return "placeholder", f"imports (a Hugging Face library imports it); using it raises: {entry['advice']}"
         return entry["status"], entry["advice"]
     if name.startswith("is_") and name.endswith("_available"):
         return "plugin-answered", NOTES.get(name, "answered by the installed plugins (device, strategy or fp8 "
@@ -95,6 +102,74 @@ def status(name: str, where: str) -> tuple[str, str]:
     return "same", NOTES.get(name, f"`{module.__name__}.{name}` ({home})")
 
 
+def library_section() -> list[str]:
+    """What transformers, peft, trl and diffusers import from accelerate, and the last `make compat-hf` tables."""
+    import importlib
+
+    import yaml
+
+    from torchbay.compat import finder
+
+    names = yaml.safe_load(LIBRARY_NAMES.read_text(encoding="utf-8"))
+    lines = [
+        "## The Hugging Face libraries",
+        "",
+        "Turn the switch on and run the libraries as their users do: `TORCHBAY_AS_ACCELERATE=1 python train.py`,",
+        "`TORCHBAY_AS_ACCELERATE=1 torchrun ...`, `torchbay launch --as-accelerate --num-processes 2 train.py`, or",
+        "`--strategy fsdp` / a DeepSpeed JSON as the library takes them. The switch is the installed",
+        "`torchbay_as_accelerate.pth` (it does nothing unless the variable is set) plus a meta-path finder and a",
+        "distribution finder (torchbay/compat/finder.py): `accelerate.__version__` and",
+        f"`importlib.metadata.version(\"accelerate\")` are `{finder.ACCELERATE_API_LEVEL}+torchbay<version>`, the",
+        "Accelerate API level torchbay implements. It works whether or not the real Accelerate is installed",
+        "(only `accelerate.test_utils`, Accelerate's own test helpers, needs it); without the switch nothing changes.",
+        "",
+        "Every name these libraries import from accelerate (read from their sources, module level and inside",
+        "functions, by tests/compat_hf/scan_accelerate_names.py; tests/test_compat_switch.py imports each):",
+        "",
+        "| library | names | resolve on torchbay |",
+        "|---|---|---|",
+    ]
+    resolved = _resolved_with_the_switch()
+    for library, modules_of in names.items():
+        count = sum(len(v) for v in modules_of.values())
+        shown = "all" if resolved[library] == count else f"{resolved[library]} of {count}"
+        lines.append(f"| {library} | {count} in {len(modules_of)} modules | {shown} |")
+    placeholders = sorted(importlib.import_module("torchbay.compat.library_names").placeholders())
+    lines += ["", "Names served by a plugin: while that plugin is not installed each is a placeholder that imports and,",
+              "when used, says which distribution to install: " + ", ".join(f"`{n}`" for n in placeholders) + ".",
+              ""]
+    if COMPAT_HF_RESULTS.is_file():
+        lines += COMPAT_HF_RESULTS.read_text(encoding="utf-8").strip().splitlines() + [""]
+    return lines
+
+
+def _resolved_with_the_switch() -> dict[str, int]:
+    """``{library: names that resolve}``, asked in a fresh interpreter with the switch on."""
+    import json
+    import os
+    import subprocess
+
+    code = ("import importlib, json, yaml\n"
+            f"names = yaml.safe_load(open({str(LIBRARY_NAMES)!r}))\n"
+            "out = {}\n"
+            "for library, modules in names.items():\n"
+            "    out[library] = 0\n"
+            "    for module, attrs in modules.items():\n"
+            "        m = importlib.import_module(module)\n"
+            "        for a in attrs:\n"
+            "            try:\n"
+            "                getattr(m, a); out[library] += 1\n"
+            "            except AttributeError:\n"
+            "                try:\n"
+            "                    importlib.import_module(module + '.' + a); out[library] += 1\n"
+            "                except ImportError:\n"
+            "                    pass\n"
+            "print(json.dumps(out))\n")
+    env = {**os.environ, "TORCHBAY_AS_ACCELERATE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def render() -> str:
     names = accelerate_names()
     lines = [
@@ -103,8 +178,13 @@ def render() -> str:
         "<!-- generated by docs/generate_accelerate_compat.py from the installed Accelerate; do not edit -->",
         "",
         "torchbay follows Hugging Face Accelerate's user API: a script moves over by changing its imports.",
+        "Libraries built on Accelerate (transformers' Trainer, peft, trl, diffusers) move over with no change at",
+        "all: with `TORCHBAY_AS_ACCELERATE=1` in the environment (or `torchbay launch --as-accelerate`, the config",
+        "key `launch.as_accelerate`, or `torchbay.compat.as_accelerate()` before those libraries are imported),",
+        "torchbay answers `import accelerate` (see \"The Hugging Face libraries\" below).",
+        "",
         "The judge is Accelerate 1.15's own test scripts (`accelerate/test_utils/scripts/`), run on torchbay",
-        "with every `accelerate` import redirected at run time: `make compat` (tests/compat/) runs each test",
+        "with every `accelerate` import served by torchbay (the same switch): `make compat` (tests/compat/) runs each test",
         "function with 1 and 2 processes under `torchbay launch`, then each script's whole `main()`, and",
         "prints a table; a function Accelerate itself cannot pass on a CPU-only machine is listed as skipped",
         "with the reason (tests/compat/cases.py). `python tests/compat/run.py --accelerate` runs the same",
@@ -116,7 +196,7 @@ def render() -> str:
         "",
         "| Accelerate | torchbay |",
         "|---|---|",
-        *[f"| `{a}` | `{t}` |" for a, t in MODULES],
+        *[f"| `{a}` | `{t}` |" for a, t in modules()],
         "",
         "Accelerate's test fixtures (`accelerate.test_utils`: RegressionModel, RegressionDataset...) are",
         "Accelerate's own code; the compat suite imports them from the installed package.",
@@ -140,6 +220,13 @@ def render() -> str:
         "  `state_dict` keys (no `_orig_mod.`) and `unwrap_model` returns your module whatever `keep_torch_compile`",
         '  says. `dynamo_backend="no"` and `TorchDynamoPlugin(backend=None)` (transformers\' Trainer) compile nothing,',
         "  except a model whose precision needs compiling (torchao FP8 on FP8 hardware; `compile.enabled: false`).",
+        "- `gather_for_metrics` cuts the samples that are not real at the end of a loader, in one process too: an",
+        "  epoch's short last batch keeps its real size even when a loop gathers more rows than samples (Trainer",
+        "  gathers each batch's loss repeated to the batch size, so its `eval_loss` matches Accelerate's).",
+        "- A loop that decides gradient sync by itself (transformers' Trainer) calls",
+        "  `accelerator.gradient_state._set_sync_gradients(...)` and reads `gradient_state.plugin_kwargs`;",
+        "  `GradientAccumulationPlugin(adjust_scheduler=True)` (the default) counts the micro-batches that do not step",
+        "  in a prepared scheduler's `_step_count`, as Accelerate does.",
         "- Free functions (`gather`, `reduce`, `broadcast`, `pad_across_processes`...) act on the process",
         "  group through the current state; `reduce` defaults to `mean` as Accelerate's does",
         "  (`accelerator.reduce` to `sum`). With `PartialState().debug = True` shapes are compared first and a",
@@ -150,9 +237,13 @@ def render() -> str:
         "- **same**: the name exists with Accelerate's signature and meaning.",
         "- **plugin-answered**: `is_*_available()` and capability checks, answered by the installed plugins.",
         "- **plugin-provided**: a backend's name, re-exported from its plugin (the distribution named).",
-        "- **refused**: torchbay does it another way; asking for the name raises `UnsupportedAPIError`",
-        "  saying which.",
-        "- **not-planned**: outside torchbay's scope; asking raises `UnsupportedAPIError` saying why.",
+        "- **refused**: torchbay does it another way; the name is a missing attribute whose error",
+        "  (`UnsupportedAPIError`, an AttributeError: `hasattr` is False) says which; `from accelerate.utils import",
+        "  X` under the switch is an ImportError carrying the same message. A refused name that transformers,",
+        "  peft, trl or diffusers import is a placeholder instead: importing it works, using it raises that error.",
+        "- **not-planned**: outside torchbay's scope; the same missing attribute, saying why.",
+        "- **placeholder**: refused, but transformers, peft, trl or diffusers import it: a class that cannot be",
+        "  built or a function that cannot be called, whose error says what to do instead.",
         "",
         "With every torchbay plugin installed (as when this table is generated), no Accelerate name gives a",
         "plain AttributeError or a silently different value. A backend's Accelerate names come from its plugin",
@@ -164,6 +255,7 @@ def render() -> str:
         "kind of plugin to install.",
         "",
     ]
+    lines += library_section()
     for where in ("accelerate", "accelerate.utils"):
         lines += [f"## `{where}` ({len(names[where])} names)", "", "| name | status | torchbay |", "|---|---|---|"]
         for name in names[where]:
