@@ -3,6 +3,7 @@
 distribution, the hook and the error, and keeps working; a run that selected something of
 the plugin stops with that same message."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -111,6 +112,28 @@ def test_a_run_that_selects_the_failed_plugin_stops_with_its_message(site):
     assert result.returncode == 2
     assert "device 'faultydev' is not installed" in result.stderr
     assert "faulty (torchbay-faulty: RuntimeError: faulty broke in registry)" in result.stderr
+
+
+@pytest.mark.parametrize("mode, hook, error", [("validate", "torchbay_validate", "RuntimeError: faulty broke in validate"),
+                                              ("state-extra", "torchbay_state_extra", "SystemExit(3)")])
+def test_a_plugin_failing_in_a_per_run_hook_is_shown_failed_by_plugins_and_env(site, mode, hook, error, tmp_path):
+    fix = "block it with -p no:faulty or TORCHBAY_BLOCK_PLUGINS=faulty, or pip uninstall torchbay-faulty"
+    result = cli(site, mode, "plugins")
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("faulty "))
+    assert " failed " in row and row.split()[-1] == "-", row  # what it registered is dropped
+    assert f"    error: in {hook}: {error}\n    fix: {fix}" in result.stdout
+    assert result.stderr.count(WARNING) == 1 and "Traceback" not in result.stderr
+    table = json.loads(cli(site, mode, "plugins", "--format", "json").stdout)
+    assert next(r for r in table if r["name"] == "faulty")["fix"] == fix
+    result = cli(site, mode, "env")
+    assert result.returncode == 0, result.stderr
+    assert f"faulty (torchbay-faulty 0.0.7): failed in {hook}: {error} ({fix})" in result.stdout
+    assert "faultydev" not in result.stdout  # its device is not offered
+    # a run that does not select it keeps working: two real processes
+    result = cli(site, mode, "launch", "--num-processes", "2", SCRIPT, str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(json.loads((tmp_path / f"rank{r}.json").read_text())["sum"] for r in range(2)) == [1.0, 1.0]
 
 
 def test_a_selected_plugin_failing_during_the_run_stops_it(site):

@@ -200,6 +200,9 @@ def torchbay_validate(context: RunContext) -> list[str] | None:
     classmethods; this hook is for plugins that are not one of them. Every plugin's complaints are collected and reported together in one
     :class:`~torchbay.errors.IncompatibleSetupError`.
 
+    ``torchbay plugins`` and ``torchbay env`` call it too, once, with the configured set-up and
+    no object created yet: a plugin that raises here is listed as failed there.
+
     :param context: the selected device, strategy, precision and config.
     :return: a list of problems, each naming the setting at fault and the fix; empty or
         ``None`` when all is well.
@@ -212,6 +215,10 @@ def torchbay_state_extra(context: RunContext) -> dict[str, Any] | None:
 
     :return: ``{"key": state}`` where state is made of tensors, numbers, strings, lists
         and dicts (loadable with ``weights_only=True``); keys must be unique across plugins.
+
+    ``torchbay plugins`` and ``torchbay env`` call it too, once, outside any run
+    (``context.strategy`` and the other instances are ``None``), to list a plugin that raises
+    here as failed; return ``None`` when there is nothing to save yet.
     """
 
 

@@ -200,3 +200,44 @@ def build_context(resolved: ResolvedConfig, pm, cluster=None) -> RunContext:
     if problems:
         raise IncompatibleSetupError(problems)
     return context
+
+
+def probe_run_hooks(pm, config_file: str | None = None) -> None:
+    """Call, once, the per-run hooks that only ask (``torchbay_validate``, ``torchbay_state_extra``)
+    with the context of the configured set-up and no object created yet, as ``torchbay plugins``
+    and ``torchbay env`` do: a plugin that raises in one is disabled and listed as failed, with
+    its error and distribution, before a run finds out. Nothing is selected for a run here (the
+    failure only disables the plugin), and the set-up's own problems are left to the run (or
+    ``torchbay launch --dry-run``) to report.
+
+    :param config_file: the config file of the set-up (else ``TORCHBAY_CONFIG_FILE``); with
+        ``TORCHBAY_*``, or the defaults when that configuration is invalid.
+    """
+    import os
+
+    from torchbay.config import RESOLVED_ENV, resolve_config
+
+    environ = {k: v for k, v in os.environ.items() if k != RESOLVED_ENV}
+    try:
+        resolved = resolve_config(file=config_file, environ=environ, pm=pm)
+    except TorchbayError:  # the run reports the config's problems
+        resolved = resolve_config(environ={}, pm=pm)
+    registries = pm.registries()
+    config, ignored = resolved.config, []
+    cluster = detect_cluster_environment(registries["cluster_environments"])
+    device_cls = select_device(config.device, registries["devices"], pm, ignored) or registries["devices"].get("cpu")
+    strategy_cls = select_strategy(config.strategy, registries["strategies"], cluster.world_size(), pm, ignored)
+    precision_cls = select_precision(config, registries["precisions"], device_cls, pm, ignored)
+    if device_cls is None:  # even the built-in cpu is blocked: nothing to describe a run with
+        return
+    context = RunContext(resolved=resolved, pm=pm, cluster=cluster, device_backend_cls=device_cls,
+                         strategy_cls=strategy_cls or Strategy, precision_cls=precision_cls or Precision)
+    selected, pm.selected = pm.selected, set()
+    try:
+        for hook in (pm.hook.torchbay_validate, pm.hook.torchbay_state_extra):
+            try:
+                hook(context=context)
+            except TorchbayError:  # a plugin's deliberate answer about this set-up: the run reports it
+                pass
+    finally:
+        pm.selected = selected

@@ -40,11 +40,14 @@ def collect(pm, config_file: str | None = None) -> dict[str, Any]:
     from torchbay.config import RESOLVED_ENV, resolve_config
 
     report: dict[str, Any] = {"versions": {}, "plugins": [], "backends": {}, "devices": [], "config": {}}
-    registries = pm.registries()
     try:
         pm.config_sections()  # a plugin failing here is listed as failed below
+        from torchbay.selection import probe_run_hooks
+
+        probe_run_hooks(pm, config_file)  # and one failing in torchbay_validate / torchbay_state_extra
     except Exception:
         pass
+    registries = pm.registries()  # without what a failed plugin registered
     for impl in reversed(pm.hook.torchbay_report_env.get_hookimpls()):
         try:
             found = impl.function() or {}
@@ -62,7 +65,8 @@ def collect(pm, config_file: str | None = None) -> dict[str, Any]:
             report["versions"][dist] = "not installed"
     for info in sorted(pm.infos.values(), key=lambda i: (i.status != "builtin", i.name)):
         report["plugins"].append({"name": info.name, "distribution": info.distribution, "version": info.version,
-                                  "status": info.status, "error": info.error, "hook": info.hook})
+                                  "status": info.status, "error": info.error, "hook": info.hook,
+                                  "fix": info.how_to_remove() if info.status == "failed" else ""})
     for name, cls in sorted(registries["devices"].items()):
         entry: dict[str, Any] = {"name": name, "plugin": getattr(cls, "_torchbay_plugin", "?")}
         try:

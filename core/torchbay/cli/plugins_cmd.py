@@ -19,6 +19,10 @@ def rows(pm) -> list[dict]:
     try:
         pm.registries()  # fills "registers"; a plugin failing here is marked failed
         pm.config_sections()
+        from torchbay.selection import probe_run_hooks
+
+        probe_run_hooks(pm)  # a plugin failing in torchbay_validate/state_extra too
+        pm.registries()  # what a failed plugin registered is dropped
     except Exception as exc:  # never hide the table
         rows_error = f"{type(exc).__name__}: {exc}"
     out = []
@@ -27,10 +31,11 @@ def rows(pm) -> list[dict]:
         out.append({"name": info.name, "distribution": info.distribution, "version": info.version,
                     "status": info.status, "hooks": hooks, "registers": sorted(set(info.registers)),
                     "error": (f"in {info.hook}: " if info.hook and info.hook not in ("import", "registration")
-                              else "") + (info.error or "")})
+                              else "") + (info.error or ""),
+                    "fix": info.how_to_remove() if info.status == "failed" else ""})
     if rows_error:
         out.append({"name": "(registries)", "distribution": "", "version": "", "status": "failed", "hooks": [],
-                    "registers": [], "error": rows_error})
+                    "registers": [], "error": rows_error, "fix": ""})
     return out
 
 
@@ -70,4 +75,6 @@ def plugins_command(args: argparse.Namespace) -> int:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
         if r["error"]:
             print(f"    error: {r['error']}")
+        if r.get("fix"):
+            print(f"    fix: {r['fix']}")
     return 0
