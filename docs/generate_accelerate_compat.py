@@ -32,6 +32,9 @@ def modules() -> list[tuple[str, str]]:
 
 #: names that behave differently from Accelerate's in a way a user may notice
 NOTES = {
+    "AlignDevicesHook": "`torchbay.compat.hooks.AlignDevicesHook`, the hook dispatch_model/cpu_offload/disk_offload attach; "
+                        "where it differs (ties lent, failed forwards, removal of disk offload) see "
+                        "docs/big-model-inference.md#hooks",
     "Accelerator": "one process group per process, but each Accelerator keeps its own settings and gradient "
                    "state; arguments torchbay does not take raise a ConfigError naming the config key to use",
     "PartialState": "shared per process as in Accelerate; joins the process group from torchbay's config",
@@ -70,7 +73,12 @@ def accelerate_names() -> dict[str, list[str]]:
     import accelerate
     import accelerate.utils
 
-    return {"accelerate": public_names(accelerate), "accelerate.utils": public_names(accelerate.utils)}
+    import accelerate.hooks
+
+    hooks = [n for n in public_names(accelerate.hooks)  # what accelerate.hooks defines, not what it imports
+             if getattr(getattr(accelerate.hooks, n), "__module__", None) == "accelerate.hooks"]
+    return {"accelerate": public_names(accelerate), "accelerate.utils": public_names(accelerate.utils),
+            "accelerate.hooks": hooks}
 
 
 def status(name: str, where: str) -> tuple[str, str]:
@@ -80,7 +88,8 @@ def status(name: str, where: str) -> tuple[str, str]:
     import torchbay.compat_names as cn
     from torchbay.compat import library_names
 
-    module = importlib.import_module("torchbay" if where == "accelerate" else "torchbay.utils")
+    module = importlib.import_module({"accelerate": "torchbay", "accelerate.hooks": "torchbay.compat.hooks"}.get(
+        where, "torchbay.utils"))
     plugin = cn._table().get("plugin_names", {}).get(name)
     if plugin:
         return "plugin-provided", f"from {plugin['install']} when installed ({plugin['module']})"
@@ -256,7 +265,7 @@ def render() -> str:
         "",
     ]
     lines += library_section()
-    for where in ("accelerate", "accelerate.utils"):
+    for where in ("accelerate", "accelerate.utils", "accelerate.hooks"):
         lines += [f"## `{where}` ({len(names[where])} names)", "", "| name | status | torchbay |", "|---|---|---|"]
         for name in names[where]:
             kind, answer = status(name, where)

@@ -241,6 +241,62 @@ def test_dispatch_model_with_disk_places_and_reads_as_accelerate(tmp_path):
         assert not model.blocks[0].up.weight.is_meta
 
 
+def test_layerwise_casting_hook_stores_low_and_computes_high_as_accelerate():
+    def run(hooks, utils, top):
+        torch.manual_seed(0)
+        layer = nn.Linear(4, 4)
+        hooks.add_hook_to_module(layer, hooks.LayerwiseCastingHook(torch.bfloat16, torch.float32, False))
+        stored = layer.weight.dtype
+        out = layer(torch.ones(2, 4))
+        return stored, out.dtype, out.detach(), layer.weight.dtype
+
+    results = both(run)
+    assert results["torchbay"][:2] == results["accelerate"][:2] == (torch.bfloat16, torch.float32)
+    assert torch.equal(results["torchbay"][2], results["accelerate"][2])
+    assert results["torchbay"][3] == results["accelerate"][3] == torch.bfloat16
+
+
+class CallsItselfOnce(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.seen_meta = []
+
+    def forward(self, x, again=True):
+        y = self.lin(x)
+        if again:
+            y = self(y, again=False)  # through the hooked forward again
+            self.seen_meta.append(self.lin.weight.is_meta)
+        return y
+
+
+def test_torchbays_choices_where_they_differ_from_accelerate(tmp_path):
+    """docs/big-model-inference.md, "Hooks": a failed forward lets offloaded weights go; a module called
+    again inside its own forward keeps them; a tie placed on two devices stays one tensor (lent)."""
+    block = Block()
+    hook = tb_hooks.AlignDevicesHook(execution_device="cpu", offload=True, place_submodules=True)
+    tb_hooks.add_hook_to_module(block, hook)
+    with pytest.raises(RuntimeError):
+        block(torch.ones(2, 3))  # wrong width: the forward raises
+    assert all(p.is_meta for p in block.parameters()) and hook._depth == 0
+    assert block(torch.ones(2, 8)).shape == (2, 8)  # and the next forward brings them in again
+
+    module = CallsItselfOnce()
+    want = module.lin(module.lin(torch.ones(1, 8)))
+    tb_hooks.add_hook_to_module(module, tb_hooks.AlignDevicesHook(execution_device="cpu", offload=True,
+                                                                  place_submodules=True))
+    assert torch.equal(module(torch.ones(1, 8)), want)
+    assert module.seen_meta == [False] and module.lin.weight.is_meta
+
+    model = net()
+    model.head.weight = model.embed.weight = nn.Parameter(torch.randn(20, 8))
+    want = model(IDS)
+    torchbay.dispatch_model(model, {"embed": "cpu", "blocks": "disk", "norm": "cpu", "head": "disk"},
+                            offload_dir=tmp_path)
+    assert model.head.weight is model.embed.weight  # the tie survives between forwards
+    assert torch.equal(model(IDS), want) and model.head.weight is model.embed.weight
+
+
 # --- the offload index, both forms ---------------------------------------------------------
 
 
@@ -383,7 +439,7 @@ LIBRARY_NAMES = ["clean_device_map", "compute_module_sizes", "convert_file_size_
                  "get_state_dict_offloaded_model", "get_state_dict_from_offload", "find_tied_parameters",
                  "check_tied_parameters_on_same_device", "load_checkpoint_in_model", "load_state_dict",
                  "get_non_persistent_buffers", "compute_module_total_buffer_size", "check_device_map"]
-HOOK_NAMES = ["ModelHook", "SequentialHook", "AlignDevicesHook", "CpuOffload", "UserCpuOffloadHook",
+HOOK_NAMES = ["ModelHook", "SequentialHook", "AlignDevicesHook", "CpuOffload", "UserCpuOffloadHook", "LayerwiseCastingHook",
               "add_hook_to_module", "remove_hook_from_module", "remove_hook_from_submodules",
               "attach_align_device_hook", "attach_align_device_hook_on_blocks", "attach_execution_device_hook"]
 

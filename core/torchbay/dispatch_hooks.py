@@ -467,6 +467,26 @@ class UserCpuOffloadHook:
         remove_hook_from_module(self.model)
 
 
+class LayerwiseCastingHook(ModelHook):
+    """Weights stored in ``storage_dtype`` and cast to ``compute_dtype`` for each forward."""
+
+    _is_stateful = False
+
+    def __init__(self, storage_dtype: torch.dtype, compute_dtype: torch.dtype, non_blocking: bool):
+        self.storage_dtype, self.compute_dtype, self.non_blocking = storage_dtype, compute_dtype, non_blocking
+
+    def init_hook(self, module):
+        return module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
+
+    def pre_forward(self, module, *args, **kwargs):
+        module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
+        return args, kwargs
+
+    def post_forward(self, module, output):
+        module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
+        return output
+
+
 # --- questions and temporary alignment -------------------------------------------------------
 
 
@@ -506,7 +526,7 @@ class align_module_device:
             _put(self.module, name, _current(self.module, name).to(device))
 
 
-__all__ = ["AlignDevicesHook", "CpuOffload", "ModelHook", "SequentialHook", "UserCpuOffloadHook",
+__all__ = ["AlignDevicesHook", "CpuOffload", "LayerwiseCastingHook", "ModelHook", "SequentialHook", "UserCpuOffloadHook",
            "add_hook_to_module", "align_module_device", "attach_align_device_hook",
            "attach_align_device_hook_on_blocks", "attach_execution_device_hook", "has_offloaded_params",
            "remove_hook_from_module", "remove_hook_from_submodules"]

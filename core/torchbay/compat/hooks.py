@@ -6,11 +6,11 @@ classes, keyword arguments and ``module._hf_hook`` / ``module._old_forward`` att
 (docs/big-model-inference.md says where torchbay's differ).
 """
 
-from torchbay.dispatch_hooks import (AlignDevicesHook, CpuOffload, ModelHook, SequentialHook, UserCpuOffloadHook,
-                                     add_hook_to_module, attach_align_device_hook,
+from torchbay.dispatch_hooks import (AlignDevicesHook, CpuOffload, LayerwiseCastingHook, ModelHook, SequentialHook,
+                                     UserCpuOffloadHook, add_hook_to_module, attach_align_device_hook,
                                      attach_align_device_hook_on_blocks, attach_execution_device_hook,
                                      remove_hook_from_module, remove_hook_from_submodules)
 
-__all__ = ["AlignDevicesHook", "CpuOffload", "ModelHook", "SequentialHook", "UserCpuOffloadHook", "add_hook_to_module",
-           "attach_align_device_hook", "attach_align_device_hook_on_blocks", "attach_execution_device_hook",
-           "remove_hook_from_module", "remove_hook_from_submodules"]
+__all__ = ["AlignDevicesHook", "CpuOffload", "LayerwiseCastingHook", "ModelHook", "SequentialHook",
+           "UserCpuOffloadHook", "add_hook_to_module", "attach_align_device_hook", "attach_align_device_hook_on_blocks",
+           "attach_execution_device_hook", "remove_hook_from_module", "remove_hook_from_submodules"]
