@@ -204,9 +204,10 @@ def test_backend_names_come_from_their_plugins():
                                 "fsdp.min_num_params": 10}
     with pytest.raises(torchbay.ConfigError, match="HYBRID_SHARD"):
         utils.FullyShardedDataParallelPlugin(sharding_strategy="HYBRID_SHARD").to_config()
-    ds = torchbay.DeepSpeedPlugin(zero_stage=3, hf_ds_config={"gradient_clipping": 1.0})
-    assert ds.to_config() == {"strategy": "deepspeed", "deepspeed.config": {"gradient_clipping": 1.0},
-                              "deepspeed.zero_stage": 3}
+    ds = torchbay.DeepSpeedPlugin(zero_stage=3, hf_ds_config={"gradient_clipping": 1.0,
+                                                              "zero_optimization": {"stage": "auto"}})
+    assert ds.to_config() == {"strategy": "deepspeed", "gradient_accumulation_steps": 1, "deepspeed.config": {
+        "gradient_clipping": 1.0, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 3}}}
     acc = Accelerator(fsdp_plugin=utils.FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=False))
     assert acc.strategy.name == "fsdp" and acc.config.fsdp.reshard_after_forward is False
     acc.end_training()  # one-process fsdp holds a private process group

@@ -57,7 +57,10 @@ class Preparation:
             if kind in queues:
                 obj = next(queues[kind])
                 if kind == "scheduler":
-                    obj = PreparedScheduler(obj, self._optimizers_for(obj), self)
+                    if isinstance(obj, PreparedScheduler):  # the strategy's own prepared form (it steps it itself)
+                        obj.accelerator, obj.optimizers = self, self._optimizers_for(obj)
+                    else:
+                        obj = PreparedScheduler(obj, self._optimizers_for(obj), self)
                     self._schedulers.append(obj)
             elif kind == "dataloader":
                 obj = self.prepare_data_loader(obj, device_placement=placed)

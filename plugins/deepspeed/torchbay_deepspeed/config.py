@@ -132,9 +132,20 @@ def _same(a: Any, b: Any) -> bool:
 # --- building the base config (before any process group) ---------------------------------
 
 
-def base_config(resolved, world_size: int) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+#: where the DeepSpeed config of an Accelerate ``DeepSpeedPlugin`` comes from, in messages
+PLUGIN_SOURCE = "the DeepSpeedPlugin's config (Accelerator(deepspeed_plugin=...))"
+
+
+def base_config(resolved, world_size: int, plugin_config: Optional[dict] = None
+                ) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     """The DeepSpeed config from every source, with "auto" values still unfilled.
 
+    :param plugin_config: the config of an Accelerate ``DeepSpeedPlugin`` as it is now (transformers'
+        Trainer completes it after the Accelerator exists). It stands where the user's DeepSpeed JSON
+        stands (conflicts with torchbay's settings are errors) and replaces ``deepspeed.config``, which
+        holds the plugin's config as it was when the Accelerator was made. As in Accelerate, its
+        ``gradient_accumulation_steps`` wins over the Accelerator's (transformers' Trainer gives the
+        Accelerator 1 and accumulates itself).
     :return: ``(config, origins, problems)``: ``origins`` maps a dotted DeepSpeed key to where
         its value came from; ``problems`` lists every conflict (each showing both values).
     """
@@ -144,12 +155,19 @@ def base_config(resolved, world_size: int) -> tuple[dict[str, Any], dict[str, st
     origins: dict[str, str] = {}
     file_cfg: dict[str, Any] = {}
     file_name = section.deepspeed_config_file
-    if file_name:
+    if plugin_config is not None:
+        if file_name:
+            return {}, {}, [f"deepspeed.deepspeed_config_file ({file_name}) and a DeepSpeedPlugin's config both give "
+                            f"the DeepSpeed config; keep one (DeepSpeedPlugin(hf_ds_config={file_name!r}) reads the "
+                            f"file)"]
+        file_cfg = copy.deepcopy(plugin_config)
+        file_cfg.pop("steps_per_print", None)
+    elif file_name:
         try:
             file_cfg = load_json_file(file_name)
         except ConfigError as exc:
             return {}, {}, exc.problems
-    where_file = f"the DeepSpeed JSON {file_name}"
+    where_file = PLUGIN_SOURCE if plugin_config is not None else f"the DeepSpeed JSON {file_name}"
     if "bfloat16" in file_cfg:  # DeepSpeed still reads its old name for the bf16 section
         if "bf16" in file_cfg:
             problems.append(f"{where_file} has both 'bf16' and its old name 'bfloat16'; keep one ('bf16')")
@@ -180,12 +198,17 @@ def base_config(resolved, world_size: int) -> tuple[dict[str, Any], dict[str, st
         value = getattr(section, key)
         if value is not None:
             put(path, value, source(f"deepspeed.{key}"))
-    for path, value in leaves(section.config):
-        put(path, value, source("deepspeed.config." + dotted(path)))
+    if plugin_config is None:  # else deepspeed.config is the plugin's config when the Accelerator was made
+        for path, value in leaves(section.config):
+            put(path, value, source("deepspeed.config." + dotted(path)))
 
     # core keys DeepSpeed must agree with
     ga = config.gradient_accumulation_steps
-    put(("gradient_accumulation_steps",), ga, source("gradient_accumulation_steps"))
+    plugin_ga = file_cfg.get("gradient_accumulation_steps") if plugin_config is not None else None
+    if isinstance(plugin_ga, int) and not isinstance(plugin_ga, bool):
+        ga = plugin_ga  # Accelerate: "Using DeepSpeed's value"
+    else:
+        put(("gradient_accumulation_steps",), ga, source("gradient_accumulation_steps"))
     mp = config.mixed_precision
     if mp == "fp8":
         problems.append(FP8_REFUSAL)
@@ -318,6 +341,54 @@ def fill_auto(cfg: dict, *, micro_batch: Optional[tuple[int, str]], world_size: 
     if left:
         problems.append(f"DeepSpeed keys left \"auto\" that torchbay cannot fill: {', '.join(left)}; write values there")
     return cfg, report, problems
+
+
+def accelerate_fills(cfg: dict, *, optimizer: Any, scheduler: Any, num_processes: int, split_batches: bool
+                     ) -> list[str]:
+    """Fill in place the "auto" values Accelerate fills itself for a ``DeepSpeedPlugin``'s config (its
+    ``prepare``), where torchbay's own choice differs: clipping 1.0, no 16-bit gathering on save,
+    ``DummyOptim``'s lr / weight decay, and for a ``DummyScheduler`` of the config's scheduler: warm-up
+    from 0 to the optimizer's lr in at least one step, its total steps per process. The other "auto"
+    values are then filled by :func:`fill_auto`, as Accelerate fills them. Returns report lines."""
+    import math
+
+    values: dict[tuple[str, ...], tuple[Any, str]] = {
+        ("gradient_clipping",): (1.0, "Accelerate's default for a DeepSpeedPlugin"),
+        ("zero_optimization", "stage3_gather_16bit_weights_on_model_save"): (False, "Accelerate's default"),
+    }
+    if optimizer is not None and hasattr(optimizer, "lr") and hasattr(optimizer, "weight_decay"):  # DummyOptim
+        values[("optimizer", "params", "lr")] = (optimizer.lr, "from DummyOptim")
+        values[("optimizer", "params", "weight_decay")] = (optimizer.weight_decay, "from DummyOptim")
+    if scheduler is not None and getattr(scheduler, "lr_scheduler_callable", None) is None:
+        owner = scheduler.optimizer
+        max_lr = owner.defaults["lr"] if getattr(owner, "defaults", None) else getattr(owner, "lr", None)
+        values[("scheduler", "params", "warmup_min_lr")] = (0, "from DummyScheduler")
+        values[("scheduler", "params", "warmup_max_lr")] = (max_lr, "the optimizer's lr")
+        values[("scheduler", "params", "warmup_num_steps")] = (max(1, scheduler.warmup_num_steps or 0),
+                                                                "from DummyScheduler (at least 1)")
+        if scheduler.total_num_steps is not None:
+            total = scheduler.total_num_steps if split_batches else math.ceil(scheduler.total_num_steps / num_processes)
+            values[("scheduler", "params", "total_num_steps")] = (total, f"DummyScheduler's total over "
+                                                                         f"{1 if split_batches else num_processes} "
+                                                                         f"process(es)")
+    report = []
+    for path, (value, why) in values.items():
+        if get_path(cfg, path) == AUTO and value is not None:
+            set_path(cfg, path, value)
+            report.append(f"{dotted(path)}: auto -> {value!r} ({why})")
+    return report
+
+
+def write_back(live: dict, filled: dict) -> None:
+    """Put the values torchbay filled into the "auto" places of ``live`` (the plugin's config, as Accelerate
+    fills it in place); an "auto" that DeepSpeed's default replaced is removed."""
+    for path, value in leaves(live):
+        if value == AUTO:
+            parent = get_path(live, path[:-1]) if len(path) > 1 else live
+            if has_path(filled, path):
+                parent[path[-1]] = get_path(filled, path)
+            else:
+                parent.pop(path[-1], None)
 
 
 # --- the device's own limits (checked before launch) -----------------------------------------

@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from torchbay.errors import TorchbayError
+from torchbay.wrappers import PreparedScheduler
 
 
 class DummyOptim(torch.optim.Optimizer):
@@ -21,7 +22,10 @@ class DummyOptim(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.0, **kwargs: Any):
+        params = list(params)
         super().__init__(params, {"lr": lr, "weight_decay": weight_decay, **kwargs})
+        # Accelerate's attributes
+        self.params, self.lr, self.weight_decay, self.kwargs = params, lr, weight_decay, kwargs
 
     def step(self, closure=None):  # pragma: no cover - replaced by prepare
         raise TorchbayError("DummyOptim stands for DeepSpeed's optimizer: pass it to accelerator.prepare")
@@ -38,6 +42,8 @@ class DummyScheduler:
                  lr_scheduler_callable: Optional[Callable] = None, **kwargs: Any):
         self.optimizer = optimizer
         self.lr_scheduler_callable = lr_scheduler_callable
+        # Accelerate's attributes
+        self.total_num_steps, self.warmup_num_steps, self.kwargs = total_num_steps, warmup_num_steps, kwargs
         self.params = {"total_num_steps": total_num_steps, "warmup_num_steps": warmup_num_steps, **kwargs}
         lr = optimizer.defaults.get("lr") if hasattr(optimizer, "defaults") else None
         self.params.setdefault("warmup_max_lr", lr)
@@ -105,31 +111,37 @@ class EngineOptimizer:
         return f"EngineOptimizer({type(self.user_optimizer).__name__})"
 
 
-class EngineScheduler:
-    """What ``prepare`` returns for a :class:`DummyScheduler`: DeepSpeed's own scheduler,
-    stepped by the engine (``step`` here does nothing)."""
+class DeepSpeedSchedulerWrapper(PreparedScheduler):
+    """What ``prepare`` returns for a scheduler DeepSpeed steps itself (a :class:`DummyScheduler`: the config's
+    ``"scheduler"`` or its ``lr_scheduler_callable``), as Accelerate's class of this name: ``step`` does nothing
+    (the engine steps it at the end of each accumulation window); the rest is DeepSpeed's scheduler.
 
-    def __init__(self, engine, optimizer: Any):
+    :param scheduler: DeepSpeed's scheduler (``engine.lr_scheduler``).
+    :param optimizers: the prepared optimizer(s).
+    :param engine: the engine, which answers ``get_last_lr`` when it has no scheduler object.
+    """
+
+    def __init__(self, scheduler: Any, optimizers: Any, accelerator: Any = None, engine: Any = None):
+        super().__init__(scheduler, optimizers if isinstance(optimizers, list) else [optimizers], accelerator)
         self.engine = engine
-        self.optimizer = optimizer
 
     def step(self, *args, **kwargs):
         pass
 
     def get_last_lr(self):
-        sched = self.engine.lr_scheduler
-        if sched is not None and hasattr(sched, "get_last_lr"):
-            return sched.get_last_lr()
+        if self.scheduler is not None and hasattr(self.scheduler, "get_last_lr"):
+            return self.scheduler.get_last_lr()
         return self.engine.get_lr()
 
     def state_dict(self):
-        sched = self.engine.lr_scheduler
-        return sched.state_dict() if sched is not None else {}
+        return self.scheduler.state_dict() if self.scheduler is not None else {}
 
     def load_state_dict(self, state):
-        sched = self.engine.lr_scheduler
-        if sched is not None:
-            sched.load_state_dict(state)
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state)
+
+    def __repr__(self) -> str:
+        return f"DeepSpeedSchedulerWrapper({type(self.scheduler).__name__})"
 
 
 class PendingEngine(torch.nn.Module):

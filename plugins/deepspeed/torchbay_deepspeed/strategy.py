@@ -13,6 +13,7 @@ The prepared optimizer's ``step``/``zero_grad`` then do nothing.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -28,7 +29,8 @@ from torchbay.precision import Precision
 from torchbay.strategy import MemoryEstimate, Strategy
 
 from torchbay_deepspeed import config as dsconfig
-from torchbay_deepspeed.objects import DummyOptim, DummyScheduler, EngineOptimizer, EngineScheduler, PendingEngine
+from torchbay_deepspeed.objects import DeepSpeedSchedulerWrapper, DummyOptim, DummyScheduler, EngineOptimizer, \
+    PendingEngine
 
 log = logging.getLogger("torchbay.deepspeed")
 
@@ -166,7 +168,12 @@ class DeepSpeedStrategy(Strategy):
         super().__init__(context)
         self.section: dsconfig.DeepSpeedSection = context.config.deepspeed
         self._loader_micro_batch: tuple[int, str] | None = None
-        base, origins, problems = dsconfig.base_config(context.resolved, self.world_size)
+        #: Accelerate's DeepSpeedPlugin given to Accelerator(...), or the one made when first asked for
+        self._plugin = getattr(context, "plugin_objects", {}).get("deepspeed_plugin")
+        if self._plugin is not None:  # as Accelerate's AcceleratorState does with it
+            self._plugin.set_mixed_precision(context.config.mixed_precision)
+            self._plugin.select(_from_accelerator_state=True)
+        base, origins, problems = dsconfig.base_config(context.resolved, self.world_size, self._plugin_config())
         if problems:
             raise ConfigError(problems, header="invalid DeepSpeed configuration")
         if self.section.load_universal:
@@ -176,6 +183,43 @@ class DeepSpeedStrategy(Strategy):
         self.records: list[EngineRecord] = []
         self._unbound: list[EngineOptimizer] = []
         self._ds = None
+
+    # -- Accelerate's DeepSpeedPlugin (accelerator.state.deepspeed_plugin) ---------------------------
+    def _plugin_config(self) -> dict | None:
+        """The plugin's DeepSpeed config as it is now (transformers' Trainer completes it after the
+        Accelerator exists, and may give the plugin a new config object), or None without a plugin."""
+        if self._plugin is None:
+            return None
+        config = getattr(self._plugin, "deepspeed_config", None)
+        if not isinstance(config, dict):
+            raise ConfigError("accelerator.state.deepspeed_plugin.deepspeed_config must be the DeepSpeed config "
+                              "(a dict); build the plugin with DeepSpeedPlugin(hf_ds_config=...)")
+        return config
+
+    def accelerate_state_objects(self) -> dict[str, Any]:
+        """``accelerator.state.deepspeed_plugin``: the user's ``DeepSpeedPlugin``, or for a run configured in
+        torchbay's config one made from it (its config is this run's, "auto" values still open)."""
+        if self._plugin is None:
+            from torchbay_deepspeed.compat import DeepSpeedPlugin
+
+            config = copy.deepcopy(self.base_config)
+            config.pop("zero_allow_untested_optimizer", None)
+            self._plugin = DeepSpeedPlugin(hf_ds_config=config, zero3_init_flag=self.section.zero3_init)
+        if not self._plugin.selected:
+            self._plugin.select(_from_accelerator_state=True)
+        return {"deepspeed_plugin": self._plugin}
+
+    def _current_base(self) -> dict:
+        """The base config now: read again from the plugin's config when there is one."""
+        live = self._plugin_config()
+        if live is None:
+            return self.base_config
+        base, _, problems = dsconfig.base_config(self.context.resolved, self.world_size, live)
+        if problems:
+            raise ConfigError(problems, header="invalid DeepSpeed configuration")
+        if self.section.load_universal:
+            base.setdefault("checkpoint", {})["load_universal"] = True
+        return base
 
     @property
     def deepspeed(self):
@@ -253,7 +297,7 @@ class DeepSpeedStrategy(Strategy):
             rec = EngineRecord(index=len(self.records), module=model, param_ids=_param_ids(model))
             self.records.append(rec)
             proxy = self._match_optimizer(rec)
-            cfg = dsconfig.model_config(self.base_config, self.section, rec.index, model)
+            cfg = dsconfig.model_config(self._current_base(), self.section, rec.index, model)
             trainable = any(p.requires_grad for p in model.parameters())
             if proxy is not None or not trainable or "optimizer" in cfg:
                 self._build(rec, proxy, dummy_scheds)
@@ -275,7 +319,8 @@ class DeepSpeedStrategy(Strategy):
                 if rec is None or rec.engine is None:
                     raise TorchbayError("a DummyScheduler was prepared without its DummyOptim and model; prepare "
                                         "them in the same call")
-                out_scheds.append(EngineScheduler(rec.engine, rec.optimizer))
+                out_scheds.append(DeepSpeedSchedulerWrapper(rec.engine.lr_scheduler, [rec.optimizer],
+                                                            engine=rec.engine))
             else:
                 out_scheds.append(sched)  # stepped by torchbay, on the user's optimizer, as under DDP
         return out_models, proxies, out_scheds
@@ -295,7 +340,8 @@ class DeepSpeedStrategy(Strategy):
     def _build(self, rec: EngineRecord, proxy: EngineOptimizer | None, dummy_scheds: dict) -> None:
         ds = self.deepspeed
         model = rec.module
-        cfg = dsconfig.model_config(self.base_config, self.section, rec.index, model)
+        live = self._plugin_config()
+        cfg = dsconfig.model_config(self._current_base(), self.section, rec.index, model)
         user_opt = proxy.user_optimizer if proxy is not None else None
         dummy = isinstance(user_opt, DummyOptim)
         if dummy and "optimizer" not in cfg:
@@ -310,12 +356,20 @@ class DeepSpeedStrategy(Strategy):
             cfg.setdefault("zero_force_ds_cpu_optimizer", False)  # the user's own optimizer is offloaded as is
         sched = dummy_scheds.get(id(user_opt)) if user_opt is not None else None
         opt_hint = dict(user_opt.defaults) if dummy else None
+        early: list[str] = []
+        if live is not None:  # what Accelerate fills itself for a DeepSpeedPlugin's config
+            early = dsconfig.accelerate_fills(cfg, optimizer=user_opt if dummy else None, scheduler=sched,
+                                              num_processes=self.world_size,
+                                              split_batches=self.context.config.dataloader.split_batches)
         filled, report, problems = dsconfig.fill_auto(
             cfg, micro_batch=self._micro_batch(), world_size=self.world_size, model=model,
             optimizer_hint=opt_hint, scheduler_hint=sched.params if sched is not None else None,
             has_optimizer=has_opt)
+        report = early + report
         if problems:
             raise ConfigError(problems, header=f"DeepSpeed config of model {rec.index} cannot be completed")
+        if live is not None:
+            dsconfig.write_back(live, filled)  # as Accelerate fills the plugin's config in place
         kwargs: dict[str, Any] = {"model": model, "config": filled, "dist_init_required": False}
         if user_opt is not None and not dummy:
             kwargs["optimizer"] = user_opt
@@ -324,6 +378,10 @@ class DeepSpeedStrategy(Strategy):
         if sched is not None and sched.lr_scheduler_callable is not None:
             kwargs["lr_scheduler"] = sched.lr_scheduler_callable
         engine, _, _, _ = ds.initialize(**kwargs)
+        from torchbay_deepspeed.safe_checkpoint import install_safe_loader
+
+        # engine.load_checkpoint called directly (transformers' Trainer does) reads through torchbay's safe loader
+        install_safe_loader(engine, self.context.config.checkpoint.allow_unsafe_pickle)
         rec.engine, rec.config, rec.report, rec.has_optimizer = engine, filled, report, has_opt
         rec.measure_norm = (has_opt and not engine.zero_optimization() and bool(engine.gradient_clipping())
                             and not (engine.fp16_enabled() or engine.bfloat16_enabled()))
@@ -387,10 +445,11 @@ class DeepSpeedStrategy(Strategy):
         engine = rec.engine
         sync = sync_gradients
         engine.set_gradient_accumulation_boundary(sync)
-        engine.backward(loss, retain_graph=bool(kwargs.pop("retain_graph", False)))
-        if kwargs:
-            raise TorchbayError(f"accelerator.backward under DeepSpeed takes retain_graph and model only, "
-                                f"not {', '.join(kwargs)}")
+        if set(kwargs) - {"retain_graph", "scale_wrt_gas"}:
+            raise TorchbayError(f"accelerator.backward under DeepSpeed takes retain_graph, scale_wrt_gas and model "
+                                f"only, not {', '.join(sorted(set(kwargs) - {'retain_graph', 'scale_wrt_gas'}))}")
+        engine.backward(loss, retain_graph=bool(kwargs.get("retain_graph", False)),
+                        scale_wrt_gas=bool(kwargs.get("scale_wrt_gas", True)))
         if rec.measure_norm and sync:  # gradients are all-reduced by now; the step clips and zeroes them
             grads = [p.grad for p in rec.module.parameters() if p.grad is not None]
             rec.last_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
