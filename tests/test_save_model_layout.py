@@ -163,3 +163,18 @@ def test_temporaries_of_an_interrupted_save(tmp_path, caplog):
     torchbay_saves(tmp_path / "done", "10GB")
     assert sorted(os.listdir(tmp_path / "done")) == [".torchbay-tmp-3c4d-model.safetensors", "model.safetensors"]
     assert any(".torchbay-tmp-3c4d" in r.message and "remove it yourself" in r.message for r in caplog.records)
+
+
+def test_a_save_that_changed_layout_and_was_interrupted_loads_its_own_files(tmp_path):
+    """Both a single file and an index of torchbay's in one folder (the save that switched layout
+    stopped before removing the other): torchbay's reader takes the newer save."""
+    from torchbay.checkpoint_files import resolve_checkpoint
+
+    torchbay_saves(tmp_path / "older_sharded", "20KB", tmp_path / "newer_single", "10GB")
+    shutil.copy(tmp_path / "newer_single" / "model.safetensors", tmp_path / "older_sharded")
+    assert [f.name for f in resolve_checkpoint(tmp_path / "older_sharded").files] == ["model.safetensors"]
+
+    torchbay_saves(tmp_path / "older_single", "10GB", tmp_path / "newer_sharded", "20KB")
+    for name in os.listdir(tmp_path / "newer_sharded"):
+        shutil.copy(tmp_path / "newer_sharded" / name, tmp_path / "older_single")
+    assert len(resolve_checkpoint(tmp_path / "older_single").files) == 4

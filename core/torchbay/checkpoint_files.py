@@ -168,6 +168,11 @@ def resolve_checkpoint(checkpoint: str | Path) -> CheckpointFiles:
                               f"*.index.json index")
     if (path / MANIFEST).exists():
         return _from_torchbay(path)
+    from torchbay.checkpoint.model_folder import INDEX, WEIGHTS, newer_of
+
+    newer = newer_of(path / WEIGHTS, path / INDEX)  # an interrupted save_model that changed layout
+    if newer is not None:
+        return _single(newer) if newer.name == WEIGHTS else _from_index(newer)
     indexes = sorted(p for p in path.glob("*.index.json") if p.name.endswith((".safetensors.index.json",
                                                                              ".bin.index.json")))
     safetensor_indexes = [p for p in indexes if p.name.endswith(".safetensors.index.json")]

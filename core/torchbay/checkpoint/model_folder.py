@@ -14,8 +14,8 @@ next to the weights) is left alone, as Accelerate leaves it.
 
 Each file is written under a temporary name, fsync'ed and renamed into place, the index last.
 The weights files of the previous save that this save does not rewrite (its other shards, an
-index that no longer applies, a single file that loaders would prefer to the new shards) are
-removed afterwards, so a loader never finds two sets of weights. Accelerate 1.15 means to
+index that no longer applies, a single file that loaders would prefer to the new shards: that
+one before the new index is in place) are removed, so a loader never finds two sets of weights. Accelerate 1.15 means to
 remove earlier shards too, but its pattern never matches ``.safetensors`` names, so it leaves
 them: here the folder holds exactly what Accelerate's same call writes into an empty folder.
 """
@@ -110,6 +110,8 @@ class ModelFolder:
             self._write_safetensors(filename, {n: tensors[n] for n in names}, file_mark)
             written.append(filename)
         if split.is_sharded:
+            if WEIGHTS in previous:  # loaders prefer a single file to an index: it goes before the index comes
+                self._remove_own(WEIGHTS)
             index = {"metadata": {**split.metadata, MARK: dict(mark, aliases=aliases)},
                      "weight_map": split.tensor_to_filename}
             self._write(INDEX, lambda path: path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n",
@@ -117,8 +119,7 @@ class ModelFolder:
             written.append(INDEX)
         stale = sorted(set(previous) - set(written), key=lambda name: name != INDEX)  # the index first
         for name in stale:
-            if read_mark(self.directory / name) is not None:  # still the file that was checked
-                (self.directory / name).unlink()
+            self._remove_own(name)
         _fsync(self.directory)
         return written
 
@@ -157,6 +158,11 @@ class ModelFolder:
                 log.warning("torchbay: %s looks like a file an interrupted save_model left, but it does not say that "
                             "torchbay wrote it: remove it yourself if it is not yours", entry)
 
+    def _remove_own(self, name: str) -> None:
+        path = self.directory / name
+        if path.is_file() and not path.is_symlink() and read_mark(path) is not None:  # still the file checked
+            path.unlink()
+
     def _write_safetensors(self, name: str, tensors: dict[str, torch.Tensor], mark: dict[str, Any]) -> None:
         from safetensors.torch import save_file
 
@@ -174,6 +180,15 @@ class ModelFolder:
         except BaseException:
             temporary.unlink(missing_ok=True)
             raise
+
+
+def newer_of(single: Path, index: Path) -> Path | None:
+    """Of a ``model.safetensors`` and an index both written by torchbay (a save that changed layout
+    and was interrupted before it removed the other), the one saved last; else ``None``."""
+    marks = read_mark(single), read_mark(index)
+    if None in marks:
+        return None
+    return single if float(marks[0].get("created", 0)) >= float(marks[1].get("created", 0)) else index
 
 
 def check_one_save(index: Path, files: list[Path]) -> None:
