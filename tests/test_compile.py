@@ -194,3 +194,33 @@ def test_evaluation_mode_models_are_compiled_too():
     x = torch.ones(1, 4, device=acc.device)
     with torch.no_grad():
         assert torch.equal(model(x), torch.nn.functional.linear(x, model.weight, model.bias))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchbay_deepspeed") is None or importlib.util.find_spec("deepspeed")
+                    is None, reason="torchbay-deepspeed or deepspeed is not installed")
+def test_deepspeed_zero2_compiled_training_equals_eager_with_one_graph():
+    """The forward is compiled, not the engine's hooks: DeepSpeed's step-counting pre-hook read
+    inside the graph would recompile it at every step."""
+    worker = _worker()
+
+    def run(compile_section):
+        acc = Accelerator(strategy="deepspeed", seed=0, config={
+            "compile": compile_section, "deepspeed": {"zero_stage": 2, "train_micro_batch_size_per_gpu": 8}})
+        torch.manual_seed(1)
+        user_model = worker.Net()
+        model, optimizer = acc.prepare(user_model, torch.optim.SGD(user_model.parameters(), lr=0.01))
+        before, losses = len(worker.GRAPHS), []
+        for x, y in worker.batches(0, 5):
+            loss = torch.nn.functional.mse_loss(model(x.to(acc.device)), y.to(acc.device))
+            acc.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        assert acc.unwrap_model(model) is user_model
+        acc.end_training()
+        return losses, worker.GRAPHS[before:]
+
+    eager, _ = run({"enabled": False})
+    torch._dynamo.reset()  # an earlier test's compiled Net would be reused: compile it afresh
+    compiled, graphs = run({"enabled": True, "backend": "torchbay_counting"})
+    assert compiled == eager and len(graphs) == 1, graphs

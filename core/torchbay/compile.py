@@ -55,24 +55,27 @@ def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def is_compiled(module: torch.nn.Module) -> bool:
-    """Compiled by ``torch.compile`` (an ``OptimizedModule``) or in place (``Module.compile``)."""
-    return getattr(module, "_compiled_call_impl", None) is not None or (
-        hasattr(torch, "_dynamo") and isinstance(module, torch._dynamo.eval_frame.OptimizedModule))
+    """Compiled by ``torch.compile`` (an ``OptimizedModule``), by ``Module.compile`` or in place here."""
+    return (getattr(module, "_compiled_call_impl", None) is not None
+            or hasattr(module.__dict__.get("forward"), "_torchdynamo_orig_callable")
+            or (hasattr(torch, "_dynamo") and isinstance(module, torch._dynamo.eval_frame.OptimizedModule)))
 
 
 def compile_in_place(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
-    """Compile ``module`` in place, as ``Module.compile`` does, so that it keeps its identity.
+    """Compile the forward of ``module`` in place, so that the module keeps its identity.
 
-    ``Module.compile`` compiles the module's ``_call_impl``, a frame of torch.nn that dynamo
-    skips: a module whose forward is torch's own (``nn.Sequential``) would then run uncompiled.
-    This calls ``_call_impl`` from a frame of torchbay's, which dynamo traces, inlining torch.nn.
+    Only the forward is compiled: the module's hooks still run eagerly around it (a strategy's
+    own, such as DeepSpeed's step-counting pre-hook, would otherwise be traced and recompile the
+    graph at every step). The compiled frame is torchbay's, which dynamo traces, inlining the
+    forward: ``Module.compile`` alone leaves a module whose forward is torch's own (``nn.Sequential``)
+    uncompiled, dynamo skipping frames of torch.nn.
     """
-    call = module._call_impl
+    forward = module.forward
 
-    def compiled_call(*args: Any, **kwargs: Any) -> Any:
-        return call(*args, **kwargs)
+    def compiled_forward(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs)
 
-    module._compiled_call_impl = torch.compile(compiled_call, **compile_kwargs)
+    module.forward = torch.compile(compiled_forward, **compile_kwargs)
     return module
 
 
