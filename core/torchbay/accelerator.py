@@ -17,6 +17,7 @@ from typing import Any, Iterable
 import torch
 
 from torchbay.accelerator_args import AccelerateSurface
+from torchbay.accelerator_args import plugin_objects
 from torchbay.accelerator_args import translate as translate_accelerate_arguments
 from torchbay.accelerator_prepare import Preparation
 from torchbay.accelerator_process import ProcessControl
@@ -100,6 +101,7 @@ class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
         self.context = build_context(resolved, self.pm)
         self.context.accelerator = self
         self.context.kwargs_handlers = self.handlers
+        self.context.plugin_objects = plugin_objects(accelerate_args)
         self.config = resolved.config
 
         self.device_backend = self.context.device_backend_cls(self.context.cluster.local_rank())

@@ -21,6 +21,18 @@ REFUSED = {
 PLUGIN_OBJECTS = ("fsdp_plugin", "deepspeed_plugin", "deepspeed_plugins")
 
 
+def plugin_objects(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The backend plugin objects among ``Accelerator(...)``'s arguments (the active one of a dict), by name."""
+    out = {}
+    for name in PLUGIN_OBJECTS:
+        value = arguments.get(name)
+        if isinstance(value, dict) and len(value) == 1:
+            value = next(iter(value.values()))
+        if value is not None and not isinstance(value, dict):
+            out["deepspeed_plugin" if name == "deepspeed_plugins" else name] = value
+    return out
+
+
 def translate(arguments: dict[str, Any]) -> dict[str, Any]:
     """Dotted config values for Accelerate-only ``Accelerator`` arguments (unknown ones are errors)."""
     out: dict[str, Any] = {}

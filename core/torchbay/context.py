@@ -35,6 +35,9 @@ class RunContext:
     #: the user's ``kwargs_handlers`` by class (``AutocastKwargs``, ``GradScalerKwargs``,
     #: ``DistributedDataParallelKwargs``...), for the selected objects that honour them
     kwargs_handlers: dict[type, Any] = field(default_factory=dict)
+    #: the backend plugin objects given to ``Accelerator(...)`` by argument name (Accelerate's
+    #: ``fsdp_plugin=``, ``deepspeed_plugin=``), for the selected strategy that shows them on ``state``
+    plugin_objects: dict[str, Any] = field(default_factory=dict)
 
     def handler(self, kind: type) -> Any:
         """The user's handler of class ``kind`` (e.g. ``AutocastKwargs``), or ``None``."""

@@ -233,6 +233,10 @@ class PartialState:
             torch.distributed.destroy_process_group()
 
 
+#: Accelerate's ``AcceleratorState`` attributes holding a backend's plugin object (None when not in use)
+PLUGIN_ATTRIBUTES = ("fsdp_plugin", "deepspeed_plugin", "torch_tp_plugin", "megatron_lm_plugin")
+
+
 class AcceleratorState(PartialState):
     """``PartialState`` plus what the latest ``Accelerator`` chose (``mixed_precision``, its strategy)."""
 
@@ -257,6 +261,18 @@ class AcceleratorState(PartialState):
     @property
     def is_fsdp2(self) -> bool:
         return bool(getattr(self._strategy, "is_fully_sharded_v2", False))
+
+    def __getattr__(self, name: str):
+        """Accelerate's backend objects (``fsdp_plugin``...) come from the selected strategy; those it
+        does not show are ``None``, as in Accelerate when that backend is not in use."""
+        strategy = self.__dict__.get("_strategy")
+        if strategy is not None and not name.startswith("_"):
+            objects = strategy.accelerate_state_objects()
+            if name in objects:
+                return objects[name]
+            if name in PLUGIN_ATTRIBUTES:
+                return None
+        return super().__getattr__(name)
 
     def __repr__(self) -> str:
         return super().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"

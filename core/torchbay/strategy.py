@@ -261,6 +261,11 @@ class Strategy:
         self._held = ()
         self.owns_process_group = False
 
+    def accelerate_state_objects(self) -> dict[str, Any]:
+        """Accelerate's backend objects this strategy shows on ``accelerator.state`` (by attribute name,
+        e.g. a sharding plugin's settings object); none by default."""
+        return {}
+
     def adapt_precision(self, precision):
         """Return the precision to use; a strategy with its own mixed precision may replace it."""
         return precision

@@ -91,6 +91,7 @@ class FSDPStrategy(Strategy):
 
         self.sizes = sizes_of(context.config.parallelism, self.world_size)
         self.tp_plans: list[dict] = []  # per wrapped model: module name -> style applied
+        self._accelerate_plugin = None  # accelerator.state.fsdp_plugin, built when first asked
 
     @classmethod
     def estimate_memory(cls, config, world_size: int, counts: dict[str, int]) -> MemoryEstimate:
@@ -164,6 +165,11 @@ class FSDPStrategy(Strategy):
         if self.sizes["dp_replicate"] == 1:
             return self._flat["dp_shard_cp"]
         return sub_mesh(root, ["dp_replicate", "dp_shard_cp"])
+
+    @property
+    def is_fully_sharded_v2(self) -> bool:
+        """Accelerate's ``is_fsdp2`` (``fully_shard``: fsdp.version 2)."""
+        return self.settings.version == 2
 
     @property
     def data_parallel_size(self) -> int:
@@ -495,6 +501,42 @@ class FSDPStrategy(Strategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    # -- Accelerate's FSDP surface (accelerator.state.fsdp_plugin, save_fsdp_model and friends) -------------
+    def accelerate_state_objects(self) -> dict[str, Any]:
+        """``accelerator.state.fsdp_plugin``: the user's ``FullyShardedDataParallelPlugin`` (its unset fields
+        filled from the ``fsdp`` section), or one built from the section."""
+        from torchbay_fsdp.compat import FullyShardedDataParallelPlugin
+
+        if self._accelerate_plugin is None:
+            given = self.context.plugin_objects.get("fsdp_plugin")
+            if isinstance(given, FullyShardedDataParallelPlugin):
+                given.fill_from(self.settings)
+                self._accelerate_plugin = given
+            else:
+                self._accelerate_plugin = FullyShardedDataParallelPlugin.from_settings(self.settings)
+        return {"fsdp_plugin": self._accelerate_plugin}
+
+    def _accelerate_files(self):
+        from torchbay_fsdp.accelerate_files import AccelerateFiles
+
+        return AccelerateFiles(self)
+
+    def save_accelerate_model(self, plugin, model, output_dir, index: int = 0, **kwargs) -> None:
+        """Accelerate's ``save_fsdp_model`` files (FULL_STATE_DICT or SHARDED_STATE_DICT); collective."""
+        self._accelerate_files().save_model(plugin, model, output_dir, index, **kwargs)
+
+    def load_accelerate_model(self, plugin, model, input_dir, index: int = 0, **kwargs) -> Any:
+        """Read Accelerate's ``save_fsdp_model`` files into the sharded model; collective."""
+        return self._accelerate_files().load_model(plugin, model, input_dir, index, **kwargs)
+
+    def save_accelerate_optimizer(self, plugin, optimizer, model, output_dir, index: int = 0, **kwargs) -> None:
+        """Accelerate's ``save_fsdp_optimizer`` files; collective."""
+        self._accelerate_files().save_optimizer(plugin, optimizer, model, output_dir, index, **kwargs)
+
+    def load_accelerate_optimizer(self, plugin, optimizer, model, input_dir, index: int = 0, **kwargs) -> None:
+        """Read Accelerate's ``save_fsdp_optimizer`` files; collective."""
+        self._accelerate_files().load_optimizer(plugin, optimizer, model, input_dir, index, **kwargs)
 
     @staticmethod
     def _owner(j: int, models: list, owners: list[int | None] | None, optimizers: list) -> torch.nn.Module:
