@@ -17,7 +17,7 @@ from torch import nn
 import torchbay
 from torchbay import utils as tb_utils
 from torchbay.compat import hooks as tb_hooks
-from torchbay.errors import CheckpointError
+from torchbay.errors import CheckpointError, ConfigError
 
 accelerate = pytest.importorskip("accelerate", reason="Accelerate (a dev dependency) is the reference")
 import accelerate.hooks as acc_hooks  # noqa: E402
@@ -428,6 +428,10 @@ def test_modeling_helpers_give_accelerates_results():
     layer = tb_utils.get_max_layer_size(modules, sizes, ["Block"])
     assert layer == acc_utils.get_max_layer_size(modules, sizes, ["Block"])
     assert tb_utils.convert_file_size_to_int("1.5GiB") == acc_utils.convert_file_size_to_int("1.5GiB")
+    with pytest.raises(ValueError, match="shape"):  # Accelerate refuses a value of another shape; so does torchbay
+        acc_utils.set_module_tensor_to_device(model, "head.bias", "cpu", value=torch.zeros(3))
+    with pytest.raises(ConfigError, match=r"'head.bias' has shape \[20\].*\[3\]"):
+        tb_utils.set_module_tensor_to_device(model, "head.bias", "cpu", value=torch.zeros(3))
 
 
 # The accelerate.utils names transformers 5.25, peft 0.21 and diffusers 0.42 import for big-model work.

@@ -251,6 +251,9 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: Any
             raise ConfigError(f"'{tensor_name}' is on the meta device: give value= to put it on {device}",
                               header="cannot set the tensor")
         value = old
+    elif tuple(value.shape) != tuple(old.shape):
+        raise ConfigError(f"'{tensor_name}' has shape {list(old.shape)} in the model and the value given has shape "
+                          f"{list(value.shape)}: pass a value of the model's shape", header="cannot set the tensor")
     dtype = parse_dtype(dtype) or (old.dtype if value.is_floating_point() and old is not None else None)
     target = torch.device("meta") if str(device) == "meta" else torch_device(device) if not isinstance(
         device, torch.device) else device
