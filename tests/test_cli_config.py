@@ -323,10 +323,25 @@ def test_import_fp8(capsys, tmp_path):
 def test_import_names_every_unmappable_key(capsys, tmp_path):
     code, out, err = run(capsys, "config", "import-accelerate", str(FIXTURES / "unmappable.yaml"), "--strict")
     assert code == 1
-    for key in ("compute_environment = 'AMAZON_SAGEMAKER'", "distributed_type = 'MEGATRON_LM'", "dynamo_config",
+    for key in ("compute_environment = 'AMAZON_SAGEMAKER'", "distributed_type = 'MEGATRON_LM'", "ipex_config",
                 "megatron_lm_config", "some_future_key = 3"):
         assert f"NOT IMPORTED {key}" in err
     assert yaml.safe_load(out) == {"mixed_precision": "fp16", "launch": {"num_processes": 2}}
+
+
+def test_import_maps_dynamo_config_to_the_compile_section(capsys, tmp_path):
+    f = tmp_path / "a.yaml"
+    f.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\ndynamo_config:\n  dynamo_backend: INDUCTOR\n"
+                 "  dynamo_mode: max-autotune\n  dynamo_use_fullgraph: true\n  dynamo_use_dynamic: false\n"
+                 "  dynamo_use_regional_compilation: true\n")
+    code, out, err = run(capsys, "config", "import-accelerate", str(f), "--strict")
+    assert code == 0, err
+    assert yaml.safe_load(out)["compile"] == {"enabled": True, "backend": "inductor", "mode": "max-autotune",
+                                              "fullgraph": True, "dynamic": False, "regional": True}
+    f.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\ndynamo_config:\n  dynamo_backend: 'NO'\n")
+    code, out, err = run(capsys, "config", "import-accelerate", str(f), "--strict")
+    assert code == 0 and "compile" not in (yaml.safe_load(out) or {}), (out, err)
+    assert "ignored      dynamo_config.dynamo_backend = 'NO'" in err
 
 
 def test_import_rejects_a_non_accelerate_file(capsys, tmp_path):

@@ -65,7 +65,7 @@ def compile_in_place(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn
     """Compile the forward of ``module`` in place, so that the module keeps its identity.
 
     Only the forward is compiled: the module's hooks still run eagerly around it (a strategy's
-    own, such as DeepSpeed's step-counting pre-hook, would otherwise be traced and recompile the
+    own, such as a pre-hook that counts steps, would otherwise be traced and recompile the
     graph at every step). The compiled frame is torchbay's, which dynamo traces, inlining the
     forward: ``Module.compile`` alone leaves a module whose forward is torch's own (``nn.Sequential``)
     uncompiled, dynamo skipping frames of torch.nn.
