@@ -99,6 +99,7 @@ class ModelFolder:
 
         self._open()
         previous = self._own_weights_files()
+        self._remove_own_temporaries()
         tensors, aliases = _dedupe_shared({k: v for k, v in state.items() if isinstance(v, torch.Tensor)})
         tensors = {name: tensor.contiguous().cpu() for name, tensor in tensors.items()}
         split = split_torch_state_dict_into_shards(tensors, filename_pattern="model{suffix}.safetensors",
@@ -129,7 +130,6 @@ class ModelFolder:
             raise CheckpointError(f"{self.what}: {self.directory} is a file, not a directory; give the folder to "
                                   f"write the weights into")
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._remove_own_temporaries()
 
     def _own_weights_files(self) -> list[str]:
         """The weights files already there (all torchbay's); raise, before writing, if one is not."""
