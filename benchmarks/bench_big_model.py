@@ -8,6 +8,8 @@ and the growth of anonymous (non-file) memory after the forward (RssAnon: copies
 to pages of the mapped checkpoint):
 
 - raw:        model = Net(); model.load_state_dict(merged safetensors.load_file of every shard)
+- raw assign: Net() built on the meta device, each shard's load_file, load_state_dict(assign=True):
+              the fastest plain-torch load, issue 27's reference (torchbay within 1.05x of it)
 - accelerate: init_empty_weights + load_checkpoint_and_dispatch(device_map="auto")
 - torchbay:   the same names from torchbay
 - torchbay cold: the same, with the discovery of torchbay's plugins (pydantic, the config
@@ -54,7 +56,7 @@ def status(field):
                 return int(line.split()[1]) * 1024
     return 0
 
-if case == "raw":
+if case.startswith("raw"):
     from safetensors.torch import load_file
 elif case.startswith("accelerate"):
     from accelerate import init_empty_weights, load_checkpoint_and_dispatch
@@ -76,6 +78,14 @@ if case == "raw":
     for name in sorted(set(index["weight_map"].values())):
         state.update(load_file(os.path.join(folder, name)))
     model.load_state_dict(state)
+elif case == "raw assign":
+    with torch.device("meta"):
+        model = Net()
+    index = json.load(open(os.path.join(folder, "model.safetensors.index.json")))
+    state = {}
+    for name in sorted(set(index["weight_map"].values())):
+        state.update(load_file(os.path.join(folder, name), device="cpu"))
+    model.load_state_dict(state, assign=True)
 else:
     with init_empty_weights():
         model = Net()
@@ -88,7 +98,7 @@ print(json.dumps({"seconds": seconds, "peak": status("VmHWM") - rss0, "anon": st
                   "sum": float(out.double().sum())}))
 """ % {"width": WIDTH}
 
-CASES = ["raw", "accelerate", "torchbay", "torchbay cold", "accelerate disk", "torchbay disk"]
+CASES = ["raw", "raw assign", "accelerate", "torchbay", "torchbay cold", "accelerate disk", "torchbay disk"]
 
 
 def write_checkpoint(folder: str, layers: int) -> int:
@@ -139,21 +149,27 @@ def main() -> None:
                     results[case].append(result)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    base = results["raw"]
+    base = results["raw"] if "raw" in results else results[cases[0]]
     for case in cases:
         for got, want in zip(results[case], base):
             if abs(got["sum"] - want["sum"]) > 1e-3 * max(1.0, abs(want["sum"])):
                 raise SystemExit(f"{case}: output {got['sum']} differs from raw's {want['sum']}")
     print(f"checkpoint {size / 2**30:.2f} GiB fp32 in {shards} safetensors shards + HF index; {args.rounds} rounds, "
           f"each case in its own process; medians")
-    print(f"{'case':<17}{'seconds':>9}{'x raw':>8}{'peak RSS +GiB':>15}{'x ckpt':>8}{'anon +GiB':>11}{'x ckpt':>8}")
+    versus = "x " + ("raw" if "raw" in results else cases[0])
+    assign_header = "x assign" if "raw assign" in results else ""
+    print(f"{'case':<17}{'seconds':>9}{versus:>8}{assign_header:>10}{'peak RSS +GiB':>15}{'x ckpt':>8}"
+          f"{'anon +GiB':>11}{'x ckpt':>8}")
     for case in cases:
         rows = results[case]
         seconds = statistics.median(r["seconds"] for r in rows)
         ratio = statistics.median(r["seconds"] / b["seconds"] for r, b in zip(rows, base))
         peak = statistics.median(r["peak"] for r in rows)
         anon = statistics.median(r["anon"] for r in rows)
-        print(f"{case:<17}{seconds:>9.3f}{ratio:>8.3f}{peak / 2**30:>15.3f}{peak / size:>8.3f}"
+        assign = ""
+        if "raw assign" in results:  # issue 27's reference: meta init + load_file + assign=True
+            assign = f"{statistics.median(r['seconds'] / a['seconds'] for r, a in zip(rows, results['raw assign'])):>10.3f}"
+        print(f"{case:<17}{seconds:>9.3f}{ratio:>8.3f}{assign}{peak / 2**30:>15.3f}{peak / size:>8.3f}"
               f"{anon / 2**30:>11.3f}{anon / size:>8.3f}")
 
 
