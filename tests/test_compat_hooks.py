@@ -443,8 +443,8 @@ LIBRARY_NAMES = ["clean_device_map", "compute_module_sizes", "convert_file_size_
                  "get_state_dict_offloaded_model", "get_state_dict_from_offload", "find_tied_parameters",
                  "check_tied_parameters_on_same_device", "load_checkpoint_in_model", "load_state_dict",
                  "get_non_persistent_buffers", "compute_module_total_buffer_size", "check_device_map"]
-HOOK_NAMES = ["ModelHook", "SequentialHook", "AlignDevicesHook", "CpuOffload", "UserCpuOffloadHook", "LayerwiseCastingHook",
-              "add_hook_to_module", "remove_hook_from_module", "remove_hook_from_submodules",
+HOOK_NAMES = ["ModelHook", "SequentialHook", "AlignDevicesHook", "CpuOffload", "UserCpuOffloadHook",
+              "LayerwiseCastingHook", "add_hook_to_module", "remove_hook_from_module", "remove_hook_from_submodules",
               "attach_align_device_hook", "attach_align_device_hook_on_blocks", "attach_execution_device_hook"]
 
 

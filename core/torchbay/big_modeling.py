@@ -24,9 +24,9 @@ from torchbay.checkpoint_loading import OFFLOADED, Slot, load_checkpoint_in_mode
 from torchbay.device_map import (CPU, DISK, accelerator_class, check_device_map, device_key,
                                  get_balanced_memory, infer_auto_device_map, named_module_tensors, torch_device)
 from torchbay.dispatch_hooks import (AlignDevicesHook, CpuOffload, UserCpuOffloadHook, add_hook_to_module,
-                                     attach_align_device_hook, attach_execution_device_hook,
                                      remove_hook_from_module)
 from torchbay.errors import ConfigError
+from torchbay.hook_placement import attach_align_device_hook, attach_execution_device_hook
 from torchbay.offload_index import (INDEX as OFFLOAD_INDEX, LEGACY_INDEX as LEGACY_OFFLOAD_INDEX, FileSource,
                                     OffloadedWeightsLoader, PrefixedDataset, read_offload_index, save_offload_index,
                                     write_offload)
@@ -168,18 +168,24 @@ def dispatch_model(model: nn.Module, device_map: dict[str, Any], main_device: An
         if off:
             cpu_weights.update({n: slot.tensor for n in slot.names})
     if pending:
-        written = write_offload(Path(offload_dir), {name: _resolve(slot, CPU, state_dict)
-                                                    for name, slot in pending.items()})
-        for name, slot in pending.items():
-            index.update({n: written[name].entry() for n in slot.names})
-            slot.assign(model, torch.empty(slot.tensor.shape, dtype=slot.tensor.dtype, device="meta"))
-        save_offload_index({n: e for n, e in index.items() if any(n in s.names for s in pending.values())},
-                           offload_dir)
+        index.update(_write_to_disk(model, pending, offload_dir, state_dict))
     loader = OffloadedWeightsLoader(state_dict=cpu_weights, save_folder=offload_dir, index=index)
     _attach_hooks(model, keys, main, offloaded, slots + transient, home, loader, offload_buffers, skip_keys,
                   preload_module_classes or [])
     model.hf_device_map = dict(device_map)
     return model
+
+
+def _write_to_disk(model: nn.Module, pending: dict[str, Slot], offload_dir, state_dict) -> dict[str, dict]:
+    """Copy the disk-placed tensors no file holds yet into ``offload_dir``; their index entries."""
+    tensors = {name: _resolve(slot, CPU, state_dict) for name, slot in pending.items()}
+    written = write_offload(Path(offload_dir), tensors)
+    entries = {}
+    for name, slot in pending.items():
+        entries.update({n: written[name].entry() for n in slot.names})
+        slot.assign(model, torch.empty(slot.tensor.shape, dtype=slot.tensor.dtype, device="meta"))
+    save_offload_index(entries, offload_dir)
+    return entries
 
 
 def _unit_of(name: str, keys: dict[str, Any]) -> str:

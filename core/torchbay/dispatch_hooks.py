@@ -7,7 +7,7 @@ calls ``hook.pre_forward(module, *args, **kwargs)``, the original forward (kept 
 ``module._old_forward``) and ``hook.post_forward(module, output)``.
 
 :class:`AlignDevicesHook` is what ``dispatch_model``, ``cpu_offload`` and ``disk_offload``
-attach: inputs go to ``execution_device``; with ``offload`` the module's own tensors wait as
+attach (hook_placement.py puts them on a model's modules): inputs go to ``execution_device``; with ``offload`` the module's own tensors wait as
 meta placeholders and come from ``weights_map`` (a cpu state dict, or an
 :class:`~torchbay.offload_index.OffloadedWeightsLoader` reading the disk) while the module
 runs. Two refinements over Accelerate, both invisible to its callers: a module called again
@@ -322,100 +322,6 @@ class AlignDevicesHook(ModelHook):
         return module
 
 
-def attach_execution_device_hook(module: nn.Module, execution_device: int | str | torch.device,
-                                 skip_keys: str | list[str] | None = None,
-                                 preload_module_classes: list[str] | None = None,
-                                 tied_params_map: dict | None = None) -> None:
-    """An input-moving :class:`AlignDevicesHook` on every submodule that holds tensors and no hook."""
-    if not hasattr(module, "_hf_hook") and len(module.state_dict()) > 0:
-        add_hook_to_module(module, AlignDevicesHook(execution_device, skip_keys=skip_keys,
-                                                    tied_params_map=tied_params_map))
-    if preload_module_classes is not None and type(module).__name__ in preload_module_classes:
-        return
-    for child in module.children():
-        attach_execution_device_hook(child, execution_device, skip_keys=skip_keys,
-                                     preload_module_classes=preload_module_classes, tied_params_map=tied_params_map)
-
-
-def attach_align_device_hook(module: nn.Module, execution_device: int | str | torch.device | None = None,
-                             offload: bool = False, weights_map: Mapping | None = None,
-                             offload_buffers: bool = False, module_name: str = "",
-                             skip_keys: str | list[str] | None = None,
-                             preload_module_classes: list[str] | None = None,
-                             tied_params_map: dict | None = None) -> None:
-    """An :class:`AlignDevicesHook` on every submodule with tensors of its own (a module of a
-    ``preload_module_classes`` class takes its whole subtree), reading ``weights_map`` under
-    the submodule's name."""
-    has_tensors = next(iter(named_module_tensors(module)), None) is not None
-    full = offload and preload_module_classes is not None and type(module).__name__ in preload_module_classes
-    if has_tensors or full:
-        prefixed = None
-        if weights_map is not None:
-            from torchbay.offload_index import PrefixedDataset
-
-            prefixed = PrefixedDataset(weights_map, f"{module_name}." if module_name else "")
-        add_hook_to_module(module, AlignDevicesHook(execution_device=execution_device, offload=offload,
-                                                    weights_map=prefixed, offload_buffers=offload_buffers,
-                                                    place_submodules=full, skip_keys=skip_keys,
-                                                    tied_params_map=tied_params_map), append=True)
-    if full:
-        return
-    for child_name, child in module.named_children():
-        attach_align_device_hook(child, execution_device=execution_device, offload=offload, weights_map=weights_map,
-                                 offload_buffers=offload_buffers,
-                                 module_name=f"{module_name}.{child_name}" if module_name else child_name,
-                                 skip_keys=skip_keys, preload_module_classes=preload_module_classes,
-                                 tied_params_map=tied_params_map)
-
-
-def attach_align_device_hook_on_blocks(module: nn.Module, execution_device: Any = None,
-                                       offload: bool | dict[str, bool] = False, weights_map: Mapping | None = None,
-                                       offload_buffers: bool = False, module_name: str = "",
-                                       skip_keys: str | list[str] | None = None,
-                                       preload_module_classes: list[str] | None = None,
-                                       tied_params_map: dict | None = None) -> None:
-    """Hooks for blocks: ``execution_device`` and ``offload`` are one value for the whole
-    module, or dicts ``{block name: value}``; an offloaded block gets
-    :func:`attach_align_device_hook`, a placed one a single hook for its subtree."""
-    common = dict(skip_keys=skip_keys, tied_params_map=tied_params_map)
-    if not isinstance(execution_device, Mapping) and not isinstance(offload, Mapping):
-        if not offload:
-            add_hook_to_module(module, AlignDevicesHook(execution_device=execution_device, io_same_device=True,
-                                                        place_submodules=True, **common))
-        else:
-            attach_align_device_hook(module, execution_device=execution_device, offload=True,
-                                     weights_map=weights_map, offload_buffers=offload_buffers,
-                                     module_name=module_name, **common)
-        return
-    if not isinstance(execution_device, Mapping):
-        execution_device = {key: execution_device for key in offload}
-    if not isinstance(offload, Mapping):
-        offload = {key: offload for key in execution_device}
-    root = module_name == ""
-    if module_name in execution_device and module_name in offload and not offload[module_name]:
-        add_hook_to_module(module, AlignDevicesHook(execution_device=execution_device[module_name],
-                                                    offload_buffers=offload_buffers, io_same_device=root,
-                                                    place_submodules=True, **common))
-        attach_execution_device_hook(module, execution_device[module_name], **common)
-    elif module_name in execution_device and module_name in offload:
-        attach_align_device_hook(module, execution_device=execution_device[module_name], offload=True,
-                                 weights_map=weights_map, offload_buffers=offload_buffers, module_name=module_name,
-                                 preload_module_classes=preload_module_classes, **common)
-        if not hasattr(module, "_hf_hook"):
-            add_hook_to_module(module, AlignDevicesHook(execution_device=execution_device[module_name],
-                                                        io_same_device=root, **common))
-        attach_execution_device_hook(module, execution_device[module_name],
-                                     preload_module_classes=preload_module_classes, **common)
-    elif root:
-        add_hook_to_module(module, AlignDevicesHook(execution_device=execution_device.get(""), io_same_device=True,
-                                                    **common))
-    for child_name, child in module.named_children():
-        attach_align_device_hook_on_blocks(child, execution_device=execution_device, offload=offload,
-                                           weights_map=weights_map, offload_buffers=offload_buffers,
-                                           module_name=f"{module_name}.{child_name}" if module_name else child_name,
-                                           preload_module_classes=preload_module_classes, **common)
-
-
 # --- whole-model offload to the cpu between calls ------------------------------------------
 
 
@@ -526,7 +432,6 @@ class align_module_device:
             _put(self.module, name, _current(self.module, name).to(device))
 
 
-__all__ = ["AlignDevicesHook", "CpuOffload", "LayerwiseCastingHook", "ModelHook", "SequentialHook", "UserCpuOffloadHook",
-           "add_hook_to_module", "align_module_device", "attach_align_device_hook",
-           "attach_align_device_hook_on_blocks", "attach_execution_device_hook", "has_offloaded_params",
+__all__ = ["AlignDevicesHook", "CpuOffload", "LayerwiseCastingHook", "ModelHook", "SequentialHook",
+           "UserCpuOffloadHook", "add_hook_to_module", "align_module_device", "has_offloaded_params",
            "remove_hook_from_module", "remove_hook_from_submodules"]

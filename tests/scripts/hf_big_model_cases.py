@@ -118,7 +118,8 @@ def case_peft_lora_on_dispatched_model(work):
     reference_merged = reference.merge_and_unload()
     with torch.no_grad():
         got, want = merged(IDS).logits, reference_merged(IDS).logits
-    result.update(merged_equal=bool(torch.allclose(got, want, atol=1e-5)), merged_max_diff=float((got - want).abs().max()))
+    result.update(merged_equal=bool(torch.allclose(got, want, atol=1e-5)),
+                  merged_max_diff=float((got - want).abs().max()))
     return result
 
 
