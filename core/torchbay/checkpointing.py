@@ -269,6 +269,11 @@ class StateCheckpointer:
     def load(self, input_dir: str | None = None) -> Path:
         acc = self.acc
         directory = self._main_only("load_state", lambda: self.target_for_load(input_dir))
+        from torchbay.compat.accelerate_checkpoint import is_accelerate_state, load_accelerate_state
+
+        if self._main_only("load_state", lambda: is_accelerate_state(directory)):  # no manifest: Accelerate's folder
+            load_accelerate_state(self, directory)
+            return directory
         manifest = self.on_every_rank("load_state", lambda: self._check(directory))
         read = self.on_every_rank("load_state", lambda: self._read_verified(directory, manifest))
         args = (directory, acc._models, acc._optimizers, acc.checkpoint_io)

@@ -61,6 +61,44 @@ def safe_torch_load(source: Path | str | IO[bytes], what: str, *, allowed: Itera
         raise CheckpointError(f"{what}: {name} could not be read ({type(exc).__name__}: {exc})") from exc
 
 
+def _numpy_array_globals() -> list[Any]:
+    """The three names a pickled NumPy array needs (``numpy.core`` as NumPy 1.x wrote it, ``numpy._core`` as 2.x)."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    reconstruct = core.multiarray._reconstruct
+    names = [reconstruct, np.ndarray, np.dtype, (reconstruct, "numpy.core.multiarray._reconstruct"),
+             (reconstruct, "numpy._core.multiarray._reconstruct")]
+    names += [type(np.dtype(code)) for code in ("u4", "i8", "f8", "u1")]  # numpy.dtypes.UInt32DType...
+    return names
+
+
+def safe_load_with_numpy(source: Path | str, what: str, *, trusted: bool = False) -> Any:
+    """A torch file that may also hold NumPy arrays of numbers (Accelerate's ``random_states_N.pkl``:
+    ``np.random.get_state()``), read with torch's weights-only unpickler and an allow-list of exactly
+    what an array needs: ``ndarray``, ``dtype`` and the ``_reconstruct`` helper. Tensors, dicts, lists,
+    tuples, strings, bytes and numbers as torch's loader allows; any other class is refused. An
+    array of Python objects (dtype ``object``) is refused after loading, since its items could only
+    have been built by classes the allow-list refuses anyway."""
+    import numpy as np
+
+    loaded = safe_torch_load(source, what, allowed=_numpy_array_globals(), trusted=trusted)
+
+    def check(value: Any) -> None:
+        if isinstance(value, np.ndarray) and value.dtype.hasobject:
+            raise CheckpointError(f"{what}: {source} holds a NumPy array of Python objects; torchbay reads arrays of "
+                                  f"numbers only")
+        if isinstance(value, dict):
+            for item in value.values():
+                check(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                check(item)
+
+    check(loaded)
+    return loaded
+
+
 def unpickle_from_peer(payload: torch.Tensor) -> Any:
     """An object another rank of this job pickled and sent through the process group
     (``Strategy.broadcast_object``/``all_gather_object``), unpickled as torch.distributed's own
