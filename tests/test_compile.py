@@ -224,3 +224,36 @@ def test_deepspeed_zero2_compiled_training_equals_eager_with_one_graph():
     torch._dynamo.reset()  # an earlier test's compiled Net would be reused: compile it afresh
     compiled, graphs = run({"enabled": True, "backend": "torchbay_counting"})
     assert compiled == eager and len(graphs) == 1, graphs
+
+
+def test_a_deep_copy_of_a_compiled_model_runs_its_own_weights():
+    """An EMA or teacher copy made after prepare must not call back into the original."""
+    import copy
+
+    acc = Accelerator(config=AOT_EAGER)
+    model = acc.prepare(torch.nn.Linear(4, 4))
+    twin = copy.deepcopy(model)
+    assert is_compiled(twin)
+    with torch.no_grad():
+        twin.weight.zero_()
+        twin.bias.zero_()
+        x = torch.ones(2, 4, device=acc.device)
+        assert torch.equal(twin(x), torch.zeros(2, 4, device=acc.device))
+        assert not torch.equal(model(x), torch.zeros(2, 4, device=acc.device))
+
+
+def test_a_deep_copy_of_a_mixed_precision_compiled_model_runs_its_own_weights():
+    import copy
+
+    acc = Accelerator(mixed_precision="bf16", config=AOT_EAGER)
+    model = acc.prepare(torch.nn.Linear(4, 4))
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.weight.zero_()
+        twin.bias.zero_()
+        x = torch.ones(2, 4, device=acc.device)
+        assert torch.equal(twin(x), torch.zeros(2, 4, device=acc.device)) and twin(x).dtype == torch.float32
+        assert not torch.equal(model(x), torch.zeros(2, 4, device=acc.device))
+    plain = acc.unwrap_model(twin, keep_fp32_wrapper=False)
+    assert plain is twin and "_torchbay_original_forward" not in plain.__dict__
+    assert not is_compiled(plain)  # keep_fp32_wrapper=False restored the user's forward, uncompiled

@@ -12,6 +12,7 @@ strategy names, in place; see :mod:`torchbay.compile`).
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any
 
 import torch
@@ -119,12 +120,14 @@ class Preparation:
             precision = self.precision
 
             @functools.wraps(original)
-            def forward(*args, **kwargs):
+            def forward(module, *args, **kwargs):
                 with precision.forward_context():
-                    return original(*args, **kwargs)
+                    return module._torchbay_original_forward(*args, **kwargs)
 
             inner._torchbay_original_forward = original
-            inner.forward = operations.convert_outputs_to_fp32(forward) if precision.fp32_outputs else forward
+            # bound as a method, so that a deep copy of the model (an EMA, a teacher) runs its own weights
+            inner.forward = types.MethodType(
+                operations.convert_outputs_to_fp32(forward) if precision.fp32_outputs else forward, inner)
         return model
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +58,7 @@ def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 def is_compiled(module: torch.nn.Module) -> bool:
     """Compiled by ``torch.compile`` (an ``OptimizedModule``), by ``Module.compile`` or in place here."""
     return (getattr(module, "_compiled_call_impl", None) is not None
-            or hasattr(module.__dict__.get("forward"), "_torchdynamo_orig_callable")
+            or hasattr(getattr(module.__dict__.get("forward"), "__func__", None), "_torchdynamo_orig_callable")
             or (hasattr(torch, "_dynamo") and isinstance(module, torch._dynamo.eval_frame.OptimizedModule)))
 
 
@@ -70,13 +71,14 @@ def compile_in_place(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn
     forward: ``Module.compile`` alone leaves a module whose forward is torch's own (``nn.Sequential``)
     uncompiled, dynamo skipping frames of torch.nn.
     """
-    forward = module.forward
-
-    def compiled_forward(*args: Any, **kwargs: Any) -> Any:
-        return forward(*args, **kwargs)
-
-    module.forward = torch.compile(compiled_forward, **compile_kwargs)
+    module._torchbay_uncompiled_forward = module.forward
+    # bound as a method, so that a deep copy of the module runs its own forward, not this one's
+    module.forward = types.MethodType(torch.compile(_call_uncompiled_forward, **compile_kwargs), module)
     return module
+
+
+def _call_uncompiled_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return module._torchbay_uncompiled_forward(*args, **kwargs)
 
 
 # --- the settings -------------------------------------------------------------------------------
