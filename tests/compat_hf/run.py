@@ -43,6 +43,11 @@ class Case:
     launches_itself: bool = False  # the library's own CLI starts the processes (its launch flags are in args)
 
 
+DS_ZERO2, DS_ZERO3 = (str(HERE / "cases" / f"ds_zero{stage}.json") for stage in (2, 3))
+#: what DeepSpeed needs to start one process without a launcher (it looks for MPI otherwise)
+DEEPSPEED_ONE_PROCESS = (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
+                         ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29513"))
+
 CASES = [
     Case("Trainer: train, evaluate, predict (66 samples, batch 8)", "trainer_causal_lm.py"),
     Case("Trainer: train, evaluate, predict (66 samples, batch 8)", "trainer_causal_lm.py", processes=2),
@@ -56,6 +61,19 @@ CASES = [
          processes=2),
     Case("Trainer: fsdp full_shard (FSDP2), save_steps, resume_from_checkpoint", "trainer_causal_lm.py",
          ("--fsdp", "--resume"), processes=2),
+    # DeepSpeed on its CPU accelerator: Accelerate 1.15 forms a several-process DeepSpeed group on a CPU machine only
+    # with use_cpu (without, its state counts one process and Trainer's train_batch_size disagrees with DeepSpeed's);
+    # one process needs torchrun's variables there (else DeepSpeed looks for MPI), given to both sides
+    Case("Trainer: DeepSpeed ZeRO-2 JSON with auto values, train, evaluate, predict", "trainer_causal_lm.py",
+         ("--deepspeed", DS_ZERO2), extra_env=DEEPSPEED_ONE_PROCESS),
+    Case("Trainer: DeepSpeed ZeRO-3 JSON with auto values, train, evaluate, predict", "trainer_causal_lm.py",
+         ("--deepspeed", DS_ZERO3), extra_env=DEEPSPEED_ONE_PROCESS),
+    Case("Trainer: DeepSpeed ZeRO-2 JSON with auto values, train, evaluate, predict", "trainer_causal_lm.py",
+         ("--deepspeed", DS_ZERO2), processes=2),
+    Case("Trainer: DeepSpeed ZeRO-3 JSON with auto values, train, evaluate, predict", "trainer_causal_lm.py",
+         ("--deepspeed", DS_ZERO3), processes=2),
+    Case("Trainer: DeepSpeed ZeRO-3, save_steps, resume_from_checkpoint (the engine's own checkpoint)",
+         "trainer_causal_lm.py", ("--deepspeed", DS_ZERO3, "--resume"), processes=2),
     Case("peft: LoRA through Trainer, adapter saved and reloaded", "peft_lora.py"),
     Case("peft: LoRA through Trainer, adapter saved and reloaded", "peft_lora.py", processes=2),
     Case("trl: SFTTrainer", "trl_trainers.py", ("sft",)),

@@ -57,12 +57,48 @@ class _LaunchParser(argparse.ArgumentParser):
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
         import sys
 
-        from torchbay.cli.main import build_parser
+        from torchbay.cli.main import build_parser, with_accelerate_spellings
 
-        argv = ["launch", "--as-accelerate", *(sys.argv[1:] if args is None else args)]
-        parsed = build_parser().parse_args(argv)
+        parser = build_parser()
+        argv = ["launch", "--as-accelerate", *_with_torchbay_config(list(sys.argv[1:] if args is None else args))]
+        argv = with_accelerate_spellings(parser, argv)  # accelerate launch's --num_processes, --mixed_precision...
+        parsed = parser.parse_args(argv)
         parsed._argv = argv
         return parsed
+
+
+def _with_torchbay_config(args: list[str]) -> list[str]:
+    """Replace an Accelerate ``--config_file`` (before the script) by the torchbay config imported from it.
+
+    The import is what ``torchbay config import-accelerate`` does; its report goes to stderr, and the imported
+    config is written to a new temporary file (the user's file is only read).
+    """
+    import sys
+    import tempfile
+
+    from torchbay.accelerate_import import import_file, to_yaml
+
+    for index, token in enumerate(args):
+        if not token.startswith("-"):
+            break  # the script: what follows is its own
+        flag, _, value = token.partition("=")
+        if flag not in ("--config_file", "--config-file"):
+            continue
+        value = value or (args[index + 1] if index + 1 < len(args) else "")
+        settings = load_config_from_file(value).to_dict() if value else {}
+        if "distributed_type" not in settings and "compute_environment" not in settings:
+            return args  # already a torchbay config
+        tree, report = import_file(value)
+        worth_saying = [line for line in report.lines() if not line.startswith(("mapped", "ignored"))]
+        print(f"torchbay: the Accelerate config {value} imported as torchbay settings ({len(report.mapped)} mapped, "
+              f"{len(report.ignored)} without effect here; `torchbay config import-accelerate` shows each)"
+              + "".join(f"\n  {line}" for line in worth_saying), file=sys.stderr)
+        handle = tempfile.NamedTemporaryFile("w", prefix="torchbay-from-accelerate-", suffix=".yaml", delete=False)
+        with handle:
+            handle.write(to_yaml(tree, report, value))
+        rest = args[index + 1:] if "=" in token else args[index + 2:]
+        return [*args[:index], "--config-file", handle.name, *rest]
+    return args
 
 
 def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:

@@ -41,7 +41,7 @@ def main() -> None:
         training.update(fsdp="full_shard", fsdp_config={"fsdp_version": 2,
                                                         "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
     if args.deepspeed:
-        training.update(deepspeed=args.deepspeed, use_cpu=False)
+        training.update(deepspeed=args.deepspeed)  # use_cpu kept: else Accelerate's state counts 1 CPU process
     log = LossLog()
     trainer = Trainer(model=tiny_causal_lm(), args=TrainingArguments(**training), train_dataset=TokenDataset(40),
                       eval_dataset=TokenDataset(66, seed=2), callbacks=[log])
