@@ -36,17 +36,21 @@ def _values_taken(action: argparse.Action, next_token: str | None) -> int:
 class AccelerateLaunchFlags:
     """Reads ``accelerate launch``'s spellings into ``torchbay launch``'s flags."""
 
-    def __init__(self, parser: argparse.ArgumentParser, table: dict[str, Any]):
+    def __init__(self, parser: argparse.ArgumentParser, table: dict[str, Any] | None = None, pm=None):
         self.parser = parser
         self.options = options_of(parser)
-        self.table = table
+        self._table = table
+        self._pm = pm
         self.dests: dict[str, str] = getattr(parser, "_torchbay_config_dests", {})
 
-    @classmethod
-    def for_parser(cls, parser: argparse.ArgumentParser, pm=None) -> AccelerateLaunchFlags:
-        from torchbay.accelerate_import import mapping_table
+    @property
+    def table(self) -> dict[str, Any]:
+        """The Accelerate tables, read only when a flag is not torchbay's own."""
+        if self._table is None:
+            from torchbay.accelerate_import import mapping_table
 
-        return cls(parser, mapping_table(pm))
+            self._table = mapping_table(self._pm)
+        return self._table
 
     def translate(self, argv: list[str]) -> list[str]:
         """``argv`` after ``launch`` with Accelerate's spellings replaced; the script and its

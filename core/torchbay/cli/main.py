@@ -108,7 +108,7 @@ def with_accelerate_spellings(parser: argparse.ArgumentParser, argv: list[str]) 
     from torchbay.cli.accelerate_flags import AccelerateLaunchFlags
 
     launch = _subparser(parser, "launch")
-    return argv[:1] + AccelerateLaunchFlags.for_parser(launch).translate(argv[1:])
+    return argv[:1] + AccelerateLaunchFlags(launch).translate(argv[1:])
 
 
 def main(argv: list[str] | None = None) -> int:
