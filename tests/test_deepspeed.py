@@ -337,3 +337,175 @@ def test_changed_world_size_is_a_clear_error_then_loads_as_universal_checkpoint(
     assert not [n for n in result["beside_checkpoint"] if "universal" in n]
     assert result["student_vs_saved"] == 0.0  # every full weight back, now in one partition
     assert all(loss == loss and loss < 10 for loss in result["losses"])  # and training goes on
+
+
+# --- Accelerate's DeepSpeed objects (HfDeepSpeedConfig, DeepSpeedPlugin) without transformers -------------------
+
+
+def test_hf_deepspeed_config_reads_a_file_a_dict_json_text_and_base64(tmp_path):
+    import base64
+
+    from torchbay.errors import ConfigError
+    from torchbay_deepspeed.compat import HfDeepSpeedConfig
+
+    cfg = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "train_batch_size": "auto"}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(cfg))
+    text = json.dumps(cfg)
+    for source in (cfg, str(path), path, text, base64.urlsafe_b64encode(text.encode()).decode()):
+        assert HfDeepSpeedConfig(source).config == cfg
+    from_dict = HfDeepSpeedConfig(cfg)
+    from_dict.config["train_batch_size"] = 8
+    assert cfg["train_batch_size"] == "auto"  # the caller's dict is copied, its "auto" values stay
+    with pytest.raises(ConfigError, match="neither an existing DeepSpeed JSON file"):
+        HfDeepSpeedConfig(str(tmp_path / "missing.json"))
+    with pytest.raises(ConfigError, match="must be a JSON object"):
+        HfDeepSpeedConfig("[1, 2]")
+
+
+def test_hf_deepspeed_config_queries_as_accelerate():
+    from torchbay.errors import ConfigError
+    from torchbay_deepspeed.compat import HfDeepSpeedConfig
+
+    hf = HfDeepSpeedConfig({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},
+                            "bf16": {"enabled": False}, "fp16": {"enabled": True}})
+    assert hf.get_value("zero_optimization.stage") == 3 and hf.get_value("zero_optimization.nope", 7) == 7
+    assert hf.get_value("optimizer.params.lr") is None  # a missing parent section is no error
+    assert hf.find_config_node("optimizer.params.lr") == (None, "lr")
+    node, key = hf.find_config_node("zero_optimization.offload_param.device")
+    assert node is hf.config["zero_optimization"]["offload_param"] and key == "device"
+    assert hf.is_zero3() and not hf.is_zero2() and hf.is_offload()
+    assert hf.is_true("fp16.enabled") and hf.is_false("bf16.enabled")
+    assert not hf.is_true("amp.enabled") and not hf.is_false("amp.enabled")  # unset is neither
+    hf.del_config_sub_tree("zero_optimization.offload_param")
+    hf.del_config_sub_tree("scheduler")  # missing: nothing to do
+    with pytest.raises(ConfigError, match="no 'scheduler' to delete"):
+        hf.del_config_sub_tree("scheduler", must_exist=True)
+    hf.set_stage_and_offload()
+    assert not hf.is_offload()
+    # offload counts under ZeRO 2/3 only; no stage is -1
+    assert not HfDeepSpeedConfig({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}}
+                                 ).is_offload()
+    assert HfDeepSpeedConfig({})._stage == -1
+
+
+def test_deepspeed_plugin_fields_fill_auto_and_the_config_wins():
+    from torchbay_deepspeed.compat import DeepSpeedPlugin, HfDeepSpeedConfig
+
+    plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": "auto"}, "gradient_clipping": 0.3},
+                             zero_stage=3, gradient_clipping=1.0, offload_optimizer_device="cpu")
+    assert plugin.deepspeed_config is plugin.hf_ds_config.config
+    assert plugin.deepspeed_config["zero_optimization"] == {"stage": 3}  # "auto" filled from the field
+    assert plugin.gradient_clipping == 0.3  # a value set in the config wins over the field
+    assert plugin.deepspeed_config["gradient_accumulation_steps"] == 1  # Accelerate's default when absent
+    assert plugin.zero_stage == 3 and plugin.hf_ds_config.is_zero3() and plugin.zero3_init_flag
+    assert plugin.is_auto("train_batch_size") is False and plugin.get_value("zero_optimization.stage") == 3
+
+    class TrainerConfig(HfDeepSpeedConfig):  # what transformers passes: its subclass, kept as the same object
+        pass
+
+    hf = TrainerConfig({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"})
+    plugin = DeepSpeedPlugin(hf_ds_config=hf)
+    assert plugin.hf_ds_config is hf and plugin.deepspeed_config is hf.config
+    assert plugin.zero_stage == 2 and not plugin.zero3_init_flag and plugin.is_auto("train_micro_batch_size_per_gpu")
+    assert plugin.to_config() == {"strategy": "deepspeed", "gradient_accumulation_steps": 1, "deepspeed.config": {
+        "zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 1}}
+
+
+def test_deepspeed_plugin_without_a_config_makes_accelerates_and_refuses_what_torchbay_lacks():
+    from torchbay.errors import ConfigError
+    from torchbay_deepspeed.compat import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(zero_stage=1, gradient_clipping=0.5)
+    cfg = plugin.deepspeed_config
+    assert cfg["zero_optimization"]["stage"] == 1 and cfg["gradient_clipping"] == 0.5
+    assert cfg["train_micro_batch_size_per_gpu"] == "auto" and cfg["gradient_accumulation_steps"] == "auto"
+    assert cfg["zero_optimization"]["offload_optimizer"] == {"device": "none", "nvme_path": None}
+    assert plugin.offload_param_device == "none" and plugin.zero3_init_flag is False
+    assert "gradient_accumulation_steps" not in plugin.to_config()  # "auto": the Accelerator's value
+    with pytest.raises(ConfigError, match="no 'zero_optimization' section"):
+        DeepSpeedPlugin(hf_ds_config={"train_batch_size": 8})
+    with pytest.raises(ConfigError, match="enable_msamp"):
+        DeepSpeedPlugin(enable_msamp=True)
+    with pytest.raises(ConfigError, match="selected by passing it to Accelerator"):
+        plugin.select()
+    with pytest.raises(ConfigError):
+        plugin.selected = True
+
+
+def test_deepspeed_plugin_fill_match_and_config_process_as_accelerate():
+    from torchbay.errors import ConfigError
+    from torchbay_deepspeed.compat import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"},
+                                           "train_batch_size": 16, "optimizer": {"params": {"lr": "auto"}}})
+    mismatches: list = []
+    plugin.fill_match("train_batch_size", mismatches, train_batch_size=8)
+    assert mismatches == ["- ds train_batch_size=16 vs arg train_batch_size=8"]
+    plugin.fill_match("train_batch_size", must_match=False, train_batch_size=8)  # no check asked
+    plugin.fill_match("scheduler.params.total_num_steps", total=3)  # no such section: nothing
+    with pytest.raises(ConfigError, match="'optimizer.params.lr' is \"auto\" and nothing fills it"):
+        plugin.fill_match("optimizer.params.lr")
+    with pytest.raises(ConfigError) as info:
+        plugin.deepspeed_config_process(**{"zero_optimization.reduce_bucket_size": 64, "optimizer.params.lr": 0.1,
+                                           "train_batch_size": 4})
+    assert "- ds train_batch_size=16 vs arg train_batch_size=4" in info.value.problems
+    assert plugin.get_value("zero_optimization.reduce_bucket_size") == 64
+    assert plugin.get_value("optimizer.params.lr") == 0.1
+    plugin.deepspeed_config_process(must_match=False, train_batch_size=4)
+    assert plugin.get_value("train_batch_size") == 16
+
+
+def test_deepspeed_plugin_set_mixed_precision():
+    from torchbay.errors import ConfigError
+    from torchbay_deepspeed.compat import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}})
+    plugin.set_mixed_precision("bf16")
+    assert plugin.deepspeed_config["bf16"] == {"enabled": True}
+    assert plugin.deepspeed_config["fp16"] == {"enabled": False}
+    plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}})
+    plugin.set_mixed_precision("fp16")
+    assert plugin.deepspeed_config["fp16"] == {"enabled": True, "auto_cast": True}
+    plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "fp16": {"enabled": True}})
+    with pytest.raises(ConfigError, match="mixed_precision is bf16 but the DeepSpeed config enables fp16"):
+        plugin.set_mixed_precision("bf16")
+
+
+def test_accelerate_names_come_from_the_plugin():
+    from torchbay import utils
+
+    from torchbay_deepspeed import compat
+
+    for name in ("HfDeepSpeedConfig", "DeepSpeedPlugin", "DeepSpeedSchedulerWrapper", "DummyOptim", "DummyScheduler"):
+        assert getattr(utils, name) is getattr(compat, name)
+    from torchbay.wrappers import AcceleratedScheduler
+
+    assert issubclass(compat.DeepSpeedSchedulerWrapper, AcceleratedScheduler)  # as Accelerate's
+
+
+@pytest.mark.slow
+def test_deepspeed_plugin_through_the_accelerator_as_transformers_trainer_uses_it(tmp_path):
+    """One process (torchrun), real DeepSpeed: tests/scripts/deepspeed_plugin_compat.py. Run on Accelerate 1.15 with
+    the same script, the losses, learning rates and the filled config are the same (checked by hand, and by
+    tests/compat_hf through transformers' Trainer)."""
+    run_torchrun(os.path.join(SCRIPTS, "deepspeed_plugin_compat.py"), 1, ["--out", str(tmp_path)],
+                 env={"TORCHBAY_AS_ACCELERATE": "1"}, timeout=240).check()
+    result = json.loads((tmp_path / "result_plugin.json").read_text())
+    assert result["served_by"] == "torchbay" and result["user_config_untouched"]
+    assert result["state_plugin_is_the_users"] and result["selected"] and result["distributed_type"] == "DEEPSPEED"
+    assert result["engine"] == "DeepSpeedEngine" and result["scheduler_is_wrapper"]
+    assert result["scheduler"] == "WarmupDecayLR"
+    filled = result["filled"]  # Accelerate's fills, written into the plugin's config in place
+    assert filled["optimizer"]["params"] == {"lr": 0.01, "weight_decay": 0.1, "torch_adam": True}  # DummyOptim
+    assert filled["scheduler"]["params"] == {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 2,
+                                             "total_num_steps": 7}  # 7: written after the Accelerator existed
+    assert filled["gradient_clipping"] == 1.0 and filled["zero_optimization"]["reduce_bucket_size"] == 64
+    assert filled["train_micro_batch_size_per_gpu"] == 4 and filled["train_batch_size"] == 8
+    assert filled["gradient_accumulation_steps"] == 2 == result["engine_ga"]  # DeepSpeed's value wins (Accelerate)
+    assert result["global_steps"] == 4 and len(result["losses"]) == 8
+    assert result["lrs"][:4] == [0, 0.0, 0.0, 0.01]  # the engine steps DeepSpeed's scheduler per window
+    assert result["loaded"] and result["restored_diff"] == 0.0  # engine.load_checkpoint, as Trainer calls it
+    assert result["checkpoint_loader"].startswith("install_safe_loader")
+    error = result["planted_error"]
+    assert error.startswith("CheckpointError") and "posix.system" in error and "allow_unsafe_pickle" in error
