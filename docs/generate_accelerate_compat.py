@@ -51,7 +51,9 @@ NOTES = {
     "is_fp16_available": "whether the current (or auto-selected) device plugin autocasts fp16",
     "is_bf16_available": "whether the current (or auto-selected) device plugin autocasts bf16",
     "set_seed": "also seeds the generators of every live device backend",
-    "tqdm": "also accepts Accelerate's old tqdm(main_process_only, iterable) form",
+    "tqdm": "also accepts Accelerate's old tqdm(main_process_only, iterable) form; when stderr is not a terminal "
+            "(CI, SLURM, nohup) it prints a few whole lines (the start, each further 10% or every 30 s, the end) "
+            "instead of a redrawn bar",
     "synchronize_rng_states": "'torch', 'generator' or the run's device name; other devices are skipped",
     "TorchDynamoPlugin": "taken as the compile config section; backend unset or 'no' sets nothing (compile.enabled "
                          "stays auto: off, except where the precision needs it, e.g. torchao FP8); reads no "
