@@ -257,3 +257,20 @@ def test_a_deep_copy_of_a_mixed_precision_compiled_model_runs_its_own_weights():
     plain = acc.unwrap_model(twin, keep_fp32_wrapper=False)
     assert plain is twin and "_torchbay_original_forward" not in plain.__dict__
     assert not is_compiled(plain)  # keep_fp32_wrapper=False restored the user's forward, uncompiled
+
+
+def test_the_prepared_forward_shows_the_users_signature():
+    """transformers' Trainer keeps the dataset columns that model.forward names."""
+    import inspect
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 2)
+
+        def forward(self, input_ids, labels=None, **kwargs):
+            return self.linear(input_ids)
+
+    for mixed, config in (("bf16", None), ("bf16", AOT_EAGER), ("no", AOT_EAGER)):
+        model = Accelerator(mixed_precision=mixed, config=config).prepare(Model())
+        assert str(inspect.signature(model.forward)) == "(input_ids, labels=None, **kwargs)", (mixed, config)

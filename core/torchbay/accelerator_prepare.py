@@ -12,14 +12,13 @@ strategy names, in place; see :mod:`torchbay.compile`).
 from __future__ import annotations
 
 import functools
-import types
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from torchbay import operations
-from torchbay.compile import ModelCompiler
+from torchbay.compile import ModelCompiler, bind_forward
 from torchbay.data import DataLoaderDispatcher, DataLoaderShard, LoaderSettings, PreparedDataLoader
 from torchbay.errors import ConfigError
 from torchbay.wrappers import PreparedOptimizer, PreparedScheduler
@@ -119,15 +118,14 @@ class Preparation:
             original = inner.forward
             precision = self.precision
 
-            @functools.wraps(original)
+            @functools.wraps(original)  # its name and doc; bind_forward gives its signature
             def forward(module, *args, **kwargs):
                 with precision.forward_context():
                     return module._torchbay_original_forward(*args, **kwargs)
 
             inner._torchbay_original_forward = original
-            # bound as a method, so that a deep copy of the model (an EMA, a teacher) runs its own weights
-            inner.forward = types.MethodType(
-                operations.convert_outputs_to_fp32(forward) if precision.fp32_outputs else forward, inner)
+            inner.forward = bind_forward(
+                inner, operations.convert_outputs_to_fp32(forward) if precision.fp32_outputs else forward, like=original)
         return model
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,

@@ -16,6 +16,7 @@ dynamo_plugin=...)`` means as config.
 from __future__ import annotations
 
 import enum
+import inspect
 import logging
 import types
 from dataclasses import dataclass, field
@@ -72,9 +73,25 @@ def compile_in_place(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn
     uncompiled, dynamo skipping frames of torch.nn.
     """
     module._torchbay_uncompiled_forward = module.forward
-    # bound as a method, so that a deep copy of the module runs its own forward, not this one's
-    module.forward = types.MethodType(torch.compile(_call_uncompiled_forward, **compile_kwargs), module)
+    module.forward = bind_forward(module, torch.compile(_call_uncompiled_forward, **compile_kwargs),
+                                  like=module._torchbay_uncompiled_forward)
     return module
+
+
+def bind_forward(module: torch.nn.Module, function: Any, like: Any) -> types.MethodType:
+    """``function(module, *args, **kwargs)`` as ``module``'s forward, showing ``like``'s signature.
+
+    Bound as a method, so that a deep copy of the module (an EMA, a teacher) runs its own forward,
+    not the original's; with the signature of the forward it replaces, because libraries read it
+    (transformers' Trainer keeps the batch columns the forward names).
+    """
+    try:
+        signature = inspect.signature(like)
+        first = inspect.Parameter("_torchbay_module", inspect.Parameter.POSITIONAL_ONLY)
+        function.__signature__ = signature.replace(parameters=[first, *signature.parameters.values()])
+    except (TypeError, ValueError):  # a callable without a signature: inspect shows the wrapper's
+        pass
+    return types.MethodType(function, module)
 
 
 def _call_uncompiled_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
