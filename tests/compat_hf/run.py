@@ -54,6 +54,8 @@ CASES = [
     Case("Trainer: grad accumulation 2, bf16, save, resume_from_checkpoint", "trainer_causal_lm.py",
          ("--grad-accum", "2", "--bf16", "--resume"), bf16=True),
     Case("Trainer: save_steps, resume_from_checkpoint", "trainer_causal_lm.py", ("--resume",), processes=2),
+    Case("Trainer: eval each 4 steps, load_best_model_at_end, report_to tensorboard", "trainer_causal_lm.py",
+         ("--best",), processes=2),
     # Accelerate 1.15 runs an FSDP plugin on GPUs only: with use_cpu its Trainer runs DDP (MULTI_CPU) and saves
     # optimizer.pt; torchbay runs FSDP2 (fully_shard over gloo) and saves Accelerate's FSDP files
     # (pytorch_model_fsdp.bin, optimizer.bin) through save_fsdp_model/save_fsdp_optimizer: same losses
@@ -107,7 +109,16 @@ def _command(on_torchbay: bool, case: Case, out_dir: Path, result: Path) -> list
     if on_torchbay:
         return [str(BIN / "torchbay"), "launch", "-q", "--as-accelerate", "--num-processes", str(case.processes),
                 *script]
-    return [str(BIN / "torchrun"), "--nproc_per_node", str(case.processes), "--master_port", "29511", *script]
+    return [str(BIN / "torchrun"), "--nproc_per_node", str(case.processes), "--master_port", str(_free_port()),
+            *script]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def run_case(case: Case, on_torchbay: bool, work: Path) -> tuple[dict | None, str, float]:
@@ -240,6 +251,7 @@ def part_library_tests(work_root: Path) -> list[str]:
         return [f"could not fetch peft's source archive: {fetched.stderr.strip()[-500:]}"]
     shutil.unpack_archive(str(next(archive_dir.glob("peft-*.tar.gz"))), str(archive_dir))
     source = next(p for p in archive_dir.iterdir() if p.is_dir())
+    (source / "tests" / "__init__.py").touch()  # the archive leaves it out; its tests import each other relatively
     results = {}
     for side, on_torchbay in (("Accelerate", False), ("torchbay", True)):
         report = work_root / f"peft-{side}.xml"

@@ -32,11 +32,16 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="train 4 steps, save, then resume to the end")
     parser.add_argument("--fsdp", action="store_true", help="TrainingArguments(fsdp=...): FSDP2, full shard")
     parser.add_argument("--deepspeed", metavar="JSON", help="TrainingArguments(deepspeed=JSON)")
+    parser.add_argument("--best", action="store_true",
+                        help="evaluate every 4 steps, keep the best checkpoint, report to TensorBoard")
     args = parser.parse_args()
     training = dict(output_dir=args.out_dir, per_device_train_batch_size=4, per_device_eval_batch_size=8,
                     gradient_accumulation_steps=args.grad_accum, num_train_epochs=2, learning_rate=1e-3,
                     logging_steps=1, save_strategy="steps", save_steps=4, report_to=[], seed=7, bf16=args.bf16,
                     use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, eval_strategy="no")
+    if args.best:
+        training.update(eval_strategy="steps", eval_steps=4, load_best_model_at_end=True, metric_for_best_model="loss",
+                        save_total_limit=2, report_to=["tensorboard"])
     if args.fsdp:
         training.update(fsdp="full_shard", fsdp_config={"fsdp_version": 2,
                                                         "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
@@ -60,8 +65,15 @@ def main() -> None:
     trainer.train()
     metrics = trainer.evaluate()
     predictions = trainer.predict(TokenDataset(66, seed=2))
+    extra = {}
+    if args.best:
+        evals = [round(e["eval_loss"], 6) for e in trainer.state.log_history if "eval_loss" in e]
+        extra = {"eval_losses": evals, "best_checkpoint": os.path.basename(trainer.state.best_model_checkpoint or ""),
+                 "checkpoints_kept": sorted(n for n in os.listdir(args.out_dir) if n.startswith("checkpoint-")),
+                 "tensorboard_files": int(any(n.startswith("events.out.tfevents") for _, _, files in
+                                              os.walk(args.out_dir) for n in files))}
     write_result(args.result, losses=log.losses, eval_loss=round(metrics["eval_loss"], 6),
-                 predict_rows=int(predictions.predictions.shape[0]))
+                 predict_rows=int(predictions.predictions.shape[0]), **extra)
 
 
 if __name__ == "__main__":
