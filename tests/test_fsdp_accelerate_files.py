@@ -50,11 +50,10 @@ def test_full_state_dict_is_a_plain_state_dict_rank0_wrote(result):
 
 def test_never_overwrites_what_torchbay_did_not_write_and_every_rank_raises(result):
     kind, r = result
-    assert "was not written by torchbay" in r["foreign"] or "already holds files" in r["foreign"]
-    if kind == "FULL_STATE_DICT":
-        assert r["again"] == ""  # its own file is replaced
-    else:
-        assert "already holds files" in r["again"]
+    assert "was not written by torchbay" in r["foreign"] or "holds files torchbay did not write" in r["foreign"]
+    assert r["again"] == ""  # its own file (its own DCP folder, as its .torchbay_fsdp.json lists it) is replaced
+    if kind == "SHARDED_STATE_DICT":
+        assert r["mark"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert "missing" in r["missing"] or "no .metadata" in r["missing"]
 
 

@@ -63,6 +63,8 @@ CASES = [
          processes=2),
     Case("Trainer: fsdp full_shard (FSDP2), save_steps, resume_from_checkpoint", "trainer_causal_lm.py",
          ("--fsdp", "--resume"), processes=2),
+    Case("Trainer: fsdp SHARDED_STATE_DICT (DCP), save_steps, resume_from_checkpoint", "trainer_causal_lm.py",
+         ("--fsdp", "--fsdp-sharded", "--resume"), processes=2),
     # DeepSpeed on its CPU accelerator: Accelerate 1.15 forms a several-process DeepSpeed group on a CPU machine only
     # with use_cpu (without, its state counts one process and Trainer's train_batch_size disagrees with DeepSpeed's);
     # one process needs torchrun's variables there (else DeepSpeed looks for MPI), given to both sides

@@ -10,6 +10,7 @@ torchbay wrote and write what torchbay then reads.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -66,7 +67,7 @@ def main():
     first = train(acc, model, opt, K, 0)
     save_fsdp_model(shown, acc, model, ckpt)
     save_fsdp_optimizer(shown, acc, opt, model, ckpt)
-    # again, same weights: FULL replaces its own file; SHARDED refuses the non-empty DCP folder
+    # again, same weights: torchbay replaces its own file / its own DCP folder
     again = refused(lambda: save_fsdp_model(shown, acc, model, ckpt))
     saved_weights = full_state(acc, model)
     uninterrupted = train(acc, model, opt, K, K)
@@ -98,6 +99,10 @@ def main():
               "same_object": shown is plugin, "fsdp_version": shown.fsdp_version,
               "state_dict_type": str(shown.state_dict_type), "files": sorted(os.listdir(ckpt)),
               "argv": sys.argv[1:]}
+    mark = os.path.join(ckpt, "pytorch_model_fsdp_0", ".torchbay_fsdp.json")
+    if os.path.exists(mark):
+        with open(mark) as f:
+            result["mark"] = sorted(json.load(f)["files"])
 
     if args.cross:  # the real Accelerate's functions on the same files (with torchbay's accelerator and model)
         import logging

@@ -13,8 +13,11 @@ loads on the other:
 Safety: nothing is unpickled with arbitrary classes. A file torchbay writes is ``torch.save``'d under a
 temporary name, fsync'ed and renamed into place; its zip records then sit under the folder name
 ``torchbay_fsdp...``, which is how torchbay recognises a file it wrote. An existing file of the same
-name that torchbay did not write, or an existing non-empty DCP folder, is never overwritten: the
-save is refused on every rank before anything is written. Every rank enters every collective:
+name that torchbay did not write is never overwritten. A DCP folder torchbay writes gets a
+``.torchbay_fsdp.json`` beside DCP's files (Accelerate's reader ignores it) listing them with their sizes
+and the checksum of ``.metadata``; a non-empty folder is replaced only when it holds exactly those files
+unchanged (its listed files are removed first), otherwise the save is refused on every rank before
+anything is written. Every rank enters every collective:
 a check or a write that fails on one rank is raised on all of them.
 """
 
@@ -32,6 +35,8 @@ MODEL_NAME = "pytorch_model_fsdp"  # Accelerate's FSDP_MODEL_NAME
 OPTIMIZER_NAME = "optimizer"  # Accelerate's OPTIMIZER_NAME
 #: the first part of the zip folder name inside every .bin torchbay writes (torch names it after the file)
 OWN_ARCHIVE = "torchbay_fsdp"
+#: written beside DCP's files in a folder torchbay-fsdp saved: what it wrote there
+DCP_MARK = ".torchbay_fsdp.json"
 
 
 def is_full(plugin: Any) -> bool:
@@ -59,6 +64,25 @@ def written_by_torchbay(path: Path) -> bool:
     except (OSError, zipfile.BadZipFile):
         return False
     return first.startswith(OWN_ARCHIVE)
+
+
+def _dcp_entries(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in folder.iterdir() if p.name != DCP_MARK and p.is_file()}
+
+
+def dcp_folder_is_own(folder: Path) -> bool:
+    """Whether ``folder`` holds exactly the DCP files torchbay-fsdp wrote there, unchanged since."""
+    import json
+
+    from torchbay.checkpoint_dir import file_record
+
+    try:
+        mark = json.loads((folder / DCP_MARK).read_text(encoding="utf-8"))
+        others = [p.name for p in folder.iterdir() if not p.is_file()]
+        return (not others and mark.get("writer") == "torchbay-fsdp" and _dcp_entries(folder) == mark["files"]
+                and file_record(folder / ".metadata", sync=False)["xxh3_128"] == mark["metadata_xxh3_128"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def _is_peft(model: Any) -> bool:
@@ -111,10 +135,9 @@ class AccelerateFiles:
         if folder:
             if path.is_symlink() or path.is_file():
                 return f"{path} exists and is not a folder torchbay can write DCP shards into; remove it or save elsewhere"
-            if path.is_dir() and any(path.iterdir()):
-                return (f"{path} already holds files: torchbay writes DCP shards only into a new or empty folder "
-                        f"(it cannot tell its own shards from others' and never overwrites what it did not write); "
-                        f"remove the folder or save into a new directory")
+            if path.is_dir() and any(path.iterdir()) and not dcp_folder_is_own(path):
+                return (f"{path} holds files torchbay did not write (or changed since; its {DCP_MARK} lists what it "
+                        f"wrote), which it does not overwrite; remove the folder or save into a new directory")
             return None
         if path.is_symlink() or path.is_dir():
             return f"{path} exists and is not a file torchbay wrote; remove it or save elsewhere"
@@ -156,8 +179,7 @@ class AccelerateFiles:
             self._use_dcp(use_dcp, "save_fsdp_model")
         out = self._prepare_dir(output_dir)
         target = out / (model_file(index) if full else f"{MODEL_NAME}_{index}")
-        self._agree(self._check_target(target, folder=not full) if (s.rank == 0 or not full) else None,
-                    "save_fsdp_model")
+        self._agree(self._check_target(target, folder=not full) if s.rank == 0 else None, "save_fsdp_model")
         options = _options(plugin, full, load=False, world_size=s.world_size, adapter_only=adapter_only, model=model)
         state = get_model_state_dict(model, options=options)  # collective
         if full:
@@ -204,8 +226,7 @@ class AccelerateFiles:
             self._use_dcp(use_dcp, "save_fsdp_optimizer")
         out = self._prepare_dir(output_dir)
         target = out / (optimizer_file(index) if full else f"{OPTIMIZER_NAME}_{index}")
-        self._agree(self._check_target(target, folder=not full) if (s.rank == 0 or not full) else None,
-                    "save_fsdp_optimizer")
+        self._agree(self._check_target(target, folder=not full) if s.rank == 0 else None, "save_fsdp_optimizer")
         raw = getattr(optimizer, "optimizer", optimizer)
         state = get_optimizer_state_dict(model, raw, options=_options(plugin, full, load=False,
                                                                       world_size=s.world_size))  # collective
@@ -251,10 +272,32 @@ class AccelerateFiles:
         return safe_torch_load(path, what, trusted=trusted)
 
     def _save_dcp(self, state: dict, folder: Path, what: str) -> None:
+        """DCP into ``folder`` (absent, empty, or checked by rank 0 to hold only what torchbay wrote there)."""
         import torch.distributed.checkpoint as dcp
 
-        self._attempt(lambda: folder.mkdir(parents=True, exist_ok=True), what)
+        def clear() -> None:
+            folder.mkdir(parents=True, exist_ok=True)
+            if self.strategy.rank == 0 and (folder / DCP_MARK).exists():  # our previous save: its files only
+                for name in _dcp_entries(folder):
+                    (folder / name).unlink()
+                (folder / DCP_MARK).unlink()
+
+        self._attempt(clear, what)
         dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder)))  # collective; DCP agrees on failures
+        self._attempt(lambda: self._mark(folder) if self.strategy.rank == 0 else None, what)
+
+    @staticmethod
+    def _mark(folder: Path) -> None:
+        import json
+
+        from torchbay.checkpoint_dir import file_record, fsync_dir
+
+        mark = {"writer": "torchbay-fsdp", "files": _dcp_entries(folder),
+                "metadata_xxh3_128": file_record(folder / ".metadata", sync=False)["xxh3_128"]}
+        temp = folder / f"{DCP_MARK}.{uuid.uuid4().hex[:12]}.partial"
+        temp.write_text(json.dumps(mark, indent=1), encoding="utf-8")
+        os.replace(temp, folder / DCP_MARK)
+        fsync_dir(folder)
 
     def _load_dcp(self, state: dict, folder: Path) -> dict:
         from torchbay.safe_load import dcp_load

@@ -31,6 +31,8 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--resume", action="store_true", help="train 4 steps, save, then resume to the end")
     parser.add_argument("--fsdp", action="store_true", help="TrainingArguments(fsdp=...): FSDP2, full shard")
+    parser.add_argument("--fsdp-sharded", action="store_true",
+                        help="with --fsdp: fsdp_config state_dict_type SHARDED_STATE_DICT (DCP checkpoints)")
     parser.add_argument("--deepspeed", metavar="JSON", help="TrainingArguments(deepspeed=JSON)")
     parser.add_argument("--best", action="store_true",
                         help="evaluate every 4 steps, keep the best checkpoint, report to TensorBoard")
@@ -45,6 +47,8 @@ def main() -> None:
     if args.fsdp:
         training.update(fsdp="full_shard", fsdp_config={"fsdp_version": 2,
                                                         "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
+        if args.fsdp_sharded:
+            training["fsdp_config"]["state_dict_type"] = "SHARDED_STATE_DICT"
     if args.deepspeed:
         training.update(deepspeed=args.deepspeed)  # use_cpu kept: else Accelerate's state counts 1 CPU process
     log = LossLog()
