@@ -48,6 +48,9 @@ def test_with_no_plugin_installed_a_typo_names_the_published_distribution(tmp_pa
     assert "did you mean 'fsdp'? (pip install torchbay-fsdp)" in typo.stderr, typo.stderr
     gpu = torchbay("launch", "--device", "gpu", str(script), cwd=tmp_path, env=env)
     assert "did you mean 'cuda'? (pip install torchbay-cuda)" in gpu.stderr, gpu.stderr
+    zero = torchbay("launch", "--use_deepspeed", str(script), cwd=tmp_path, env=env)
+    assert "--use_deepspeed is accelerate launch's; torchbay launch reads it once torchbay-deepspeed is " \
+           "installed: pip install torchbay-deepspeed" in zero.stderr, zero.stderr
     right = torchbay("launch", "--strategy", "fsdp", str(script), cwd=tmp_path, env=env)
     assert "strategy 'fsdp' is not installed (installed: ddp, single); pip install torchbay-fsdp" in right.stderr
     unknown = torchbay("launch", "--device", "warpdrive", str(script), cwd=tmp_path, env=env)
@@ -87,6 +90,12 @@ def test_the_catalog_is_what_plugins_in_this_repository_register():
             distribution = plugin_distribution.get(getattr(cls, "_torchbay_plugin", None))
             if distribution in in_tree:
                 assert listed[kind].get(name) == distribution, (kind, name)
+    for distribution, folder in in_tree.items():  # the accelerate launch switches each plugin's table reads
+        for table in folder.rglob("accelerate.yaml"):
+            import yaml
+
+            switches = (yaml.safe_load(table.read_text()).get("config_import") or {}).get("launch_switches") or {}
+            assert all(listed["accelerate launch switch"].get(s) == distribution for s in switches), distribution
     for section, model in pm.config_sections().items():
         top = model.__module__.split(".")[0]
         distribution = next((d for d, folder in in_tree.items() if (folder / top).is_dir()), None)

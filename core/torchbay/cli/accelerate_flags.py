@@ -94,6 +94,12 @@ class AccelerateLaunchFlags:
                 raise ConfigError(f"--{key} (accelerate launch's) needs a value", header="bad command line")
             flag, given = self.dests.get(values[key]), value if eq else nxt
             return ([flag, given] if flag else [f"--set={values[key]}={given}"]), 0 if eq else 1
+        from torchbay.published import LAUNCH_SWITCH, distribution_for
+
+        serving = distribution_for(LAUNCH_SWITCH, key)
+        if serving:  # a plugin's switch, and that plugin is not installed
+            raise ConfigError(f"--{key} is accelerate launch's; torchbay launch reads it once {serving} is installed: "
+                              f"pip install {serving}", header="bad command line")
         reason = (self.table.get("launch_refused") or {}).get(key) or (self.table.get("not_imported") or {}).get(key)
         if reason:
             raise ConfigError(f"--{key} is accelerate launch's; it has no meaning for torchbay launch: "
