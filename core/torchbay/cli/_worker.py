@@ -49,12 +49,12 @@ def is_consequence(exc: BaseException) -> bool:
     return False
 
 
-def record_failure(exc: BaseException, when_ns: int, exit_code: int) -> None:
+def record_failure(exc: BaseException, when_ns: int, exit_code: int) -> bool:
     """Write torch elastic's error file for ``exc`` (call inside the ``except`` block).
 
     ``exit_code`` is the code the rank is about to leave with: the launcher may stop the rank
     with SIGTERM while it is still leaving (its peers died of its failure faster), and then
-    reports this code rather than the signal.
+    reports this code rather than the signal. Returns whether the record was written.
 
     The record has the layout of ``ErrorHandler.record_exception`` (what ``@record`` writes
     and the elastic agent reads back into ``ProcessFailure``); it is written here directly so
@@ -62,7 +62,7 @@ def record_failure(exc: BaseException, when_ns: int, exit_code: int) -> None:
     """
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
-        return
+        return False
     import json
     import traceback
 
@@ -77,6 +77,8 @@ def record_failure(exc: BaseException, when_ns: int, exit_code: int) -> None:
             json.dump(data, fp)
     except OSError as problem:  # never hide the user's error behind ours
         print(f"torchbay: could not record the failure in {path}: {problem}", file=sys.stderr)
+        return False
+    return True
 
 
 def release_process_group() -> None:
@@ -341,7 +343,7 @@ def main() -> int:
         fast_exit(code, stop_own_children)
     except BaseException as exc:
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-        record_failure(exc, time.time_ns(), code)
+        recorded = record_failure(exc, time.time_ns(), code)
         collect_peer_stacks()
         record_exit(code)
         release_process_group()
@@ -350,7 +352,7 @@ def main() -> int:
             # the launcher prints it, folded under its summary of what went wrong first
             print(f"torchbay: rank {os.environ.get('RANK', '?')} stopped: {type(exc).__name__} (a consequence of "
                   f"another rank's failure; see the launcher's summary)", file=sys.stderr)
-        elif not _launcher_reports_this_attempt():  # else printed once, in the launcher's summary
+        elif not (recorded and _launcher_reports_this_attempt()):  # else printed once, in the launcher's summary
             sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         fast_exit(code, stop_own_children)
     record_exit(0)
