@@ -161,7 +161,8 @@ def _plugins(report: dict[str, Any]) -> list[str]:
     loaded = [p for p in report["plugins"] if p["status"] == "loaded"]
     out = ["plugins:"]
     if builtin:
-        out += _wrapped(f"built in ({builtin[0]['distribution']} {builtin[0]['version']})", [p["name"] for p in builtin])
+        core = builtin[0]
+        out += _wrapped(f"built in ({core['distribution']} {core['version']})", [p["name"] for p in builtin])
     out += _wrapped("loaded", [f"{p['name']} {p['version']}" if p["distribution"] == f"torchbay-{p['name']}"
                                else f"{p['name']} ({p['distribution']} {p['version']})" for p in loaded])
     for p in report["plugins"]:
