@@ -26,6 +26,7 @@ from torchbay.testing.processes import run_torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_FSDP = importlib.util.find_spec("torchbay_fsdp") is not None
+HAS_TORCHAO = importlib.util.find_spec("torchbay_fp8_torchao") is not None
 AOT_EAGER = {"compile": {"enabled": True, "backend": "aot_eager"}}
 
 
@@ -151,6 +152,15 @@ def _check_equal_to_eager(result: dict, strategy: str) -> None:
     assert result["whole"]["graphs"], "no graph was compiled"
     if strategy == "ddp":  # compiled inside DDP's forward: torch split the graph at the gradient buckets
         assert len(result["whole"]["graphs"]) >= 2, result["whole"]["graphs"]
+    if "fp8_compiled" in result:  # FP8 conversion, then the strategy, then compile: FP8's own numbers
+        fp8, compiled = result["fp8_eager"], result["fp8_compiled"]
+        assert compiled["losses"] == fp8["losses"] and compiled["weight_sum"] == fp8["weight_sum"]
+        assert compiled["converted"] == fp8["converted"] == [[f"blocks.{i}.linear" for i in range(6)]]
+        assert compiled["graphs"] and compiled["compiled"] == result["whole"]["compiled"]
+        if strategy == "fsdp":  # torchao's FP8 all-gather survives compiling the blocks
+            assert compiled["fp8_weights"] == [f"0:blocks.{i}.linear.weight" for i in range(6)]
+    elif HAS_TORCHAO:
+        raise AssertionError("the worker ran no FP8 case")
     if "whole_accumulate" in result:  # no_sync on the micro-batches that do not end a window
         assert result["whole_accumulate"]["losses"] == result["eager_accumulate"]["losses"]
         assert result["whole_accumulate"]["weight_sum"] == result["eager_accumulate"]["weight_sum"]

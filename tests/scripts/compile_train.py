@@ -5,10 +5,13 @@ API with the ``compile`` section off, whole-model and regional, for each strateg
 The compiled runs use the backend ``torchbay_counting``: aot_eager (the same kernels as eager,
 so losses agree bit for bit) that counts the graphs it is given. Under DDP, torch splits the
 graph at each gradient bucket (1 MB for the first, so this 1.6 MB model gives two graphs or more):
-that shows the compiled code ran inside DDP's forward. Writes ``<out>.<strategy>.rank<r>.json``.
+that shows the compiled code ran inside DDP's forward. With torchbay-fp8-torchao installed, the
+same model also trains in emulated FP8, eager and compiled (conversion, then the strategy, then
+compile). Writes ``<out>.<strategy>.rank<r>.json``.
 """
 
 import argparse
+import importlib.util
 import json
 
 import torch
@@ -18,6 +21,7 @@ from torchbay import Accelerator
 WIDTH = 256
 BLOCKS = 6
 GRAPHS: list[int] = []
+HAS_TORCHAO = importlib.util.find_spec("torchbay_fp8_torchao") is not None
 LAST: list = []  # the latest Accelerator, whose end_training tears the process group down
 
 
@@ -55,11 +59,15 @@ def batches(rank: int, steps: int):
     return [(torch.randn(8, 16, generator=gen), torch.randn(8, 1, generator=gen)) for _ in range(steps)]
 
 
-def run(strategy: str, compile_section: dict | None, accumulation: int = 1, steps: int = 4) -> dict:
+def run(strategy: str, compile_section: dict | None, accumulation: int = 1, steps: int = 4,
+        mixed_precision: str = "no") -> dict:
     config = {"compile": compile_section or {"enabled": False}}
     if strategy == "fsdp":
         config["fsdp"] = {"transformer_layer_cls_to_wrap": ["Block"]}
-    acc = Accelerator(strategy=strategy, seed=0, gradient_accumulation_steps=accumulation, config=config)
+    if mixed_precision == "fp8":  # torchao, emulated: its Float8 Linears, then the strategy, then compile
+        config["fp8"] = {"backend": "torchao", "engine_options": {"emulate": True}}
+    acc = Accelerator(strategy=strategy, seed=0, gradient_accumulation_steps=accumulation, config=config,
+                      mixed_precision=mixed_precision)
     LAST[:] = [acc]
     torch.manual_seed(1)
     user_model = Net()
@@ -79,7 +87,9 @@ def run(strategy: str, compile_section: dict | None, accumulation: int = 1, step
     return {"losses": losses, "graphs": GRAPHS[before:], "compiled": acc._compiler.compiled,
             "unwrapped_is_user_module": acc.unwrap_model(model) is user_model,
             "state_keys": sorted(state), "weight_sum": float(sum(v.double().sum() for v in state.values())),
-            "rank": acc.process_index, "world": acc.num_processes}
+            "rank": acc.process_index, "world": acc.num_processes,
+            "converted": getattr(acc.precision, "converted", None),
+            "fp8_weights": acc.precision.fsdp_float8_weights() if mixed_precision == "fp8" else []}
 
 
 def main(argv=None):
@@ -91,6 +101,9 @@ def main(argv=None):
         counting = {"enabled": True, "backend": "torchbay_counting"}
         result = {"eager": run(strategy, None), "whole": run(strategy, counting),
                   "regional": run(strategy, {**counting, "regional": True})}
+        if HAS_TORCHAO:
+            result["fp8_eager"] = run(strategy, None, mixed_precision="fp8")
+            result["fp8_compiled"] = run(strategy, counting, mixed_precision="fp8")
         if strategy != "fsdp":
             result["eager_accumulate"] = run(strategy, None, accumulation=2, steps=2)
             result["whole_accumulate"] = run(strategy, counting, accumulation=2, steps=2)
