@@ -389,7 +389,9 @@ def test_emulated_fp8_fsdp2_two_processes_all_gathers_fp8_and_resumes_exactly(tw
 def test_te_converts_linear_and_layernorm_keeping_parameters(tmp_path):
     import transformer_engine.pytorch as te
 
-    acc = Accelerator(mixed_precision="fp8", config={"fp8": {"backend": "te", "recipe": "delayed"}})
+    # a tiny model: the small-layer filter would leave its Linear in bf16 (this test is about conversion)
+    acc = Accelerator(mixed_precision="fp8", config={"fp8": {"backend": "te", "recipe": "delayed",
+                                                             "filter_small_layers": False}})
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128), torch.nn.Linear(128, 128),
                                 torch.nn.GELU(), torch.nn.Linear(128, 64))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

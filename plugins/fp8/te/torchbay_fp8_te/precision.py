@@ -136,7 +136,7 @@ class TransformerEngineFP8Precision(FP8Precision):
                 log.info("fp8 (te): the model already has %d Transformer Engine module(s); using it as it is",
                          len(existing))
         else:
-            plan = plan_linears(module, self.fp8)
+            plan = plan_linears(module, self.fp8, small_below=self.small_layer_filter())
             device = self.device_backend.device if self.device_backend.torch_type() == "cuda" else "cuda"
             for name in plan.convert:
                 module = _replace(module, name, _te_linear(te, module.get_submodule(name), device))
