@@ -423,6 +423,7 @@ def test_deepspeed_plugin_without_a_config_makes_accelerates_and_refuses_what_to
     assert cfg["zero_optimization"]["offload_optimizer"] == {"device": "none", "nvme_path": None}
     assert plugin.offload_param_device == "none" and plugin.zero3_init_flag is False
     assert "gradient_accumulation_steps" not in plugin.to_config()  # "auto": the Accelerator's value
+    assert DeepSpeedPlugin().deepspeed_config["gradient_clipping"] == "auto"  # filled at prepare, as Accelerate
     with pytest.raises(ConfigError, match="no 'zero_optimization' section"):
         DeepSpeedPlugin(hf_ds_config={"train_batch_size": 8})
     with pytest.raises(ConfigError, match="enable_msamp"):

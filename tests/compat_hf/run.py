@@ -78,6 +78,8 @@ CASES = [
          ("--deepspeed", DS_ZERO3), processes=2),
     Case("Trainer: DeepSpeed ZeRO-3, save_steps, resume_from_checkpoint (the engine's own checkpoint)",
          "trainer_causal_lm.py", ("--deepspeed", DS_ZERO3, "--resume"), processes=2),
+    Case("Trainer under `accelerate launch --use_deepspeed` (TrainingArguments makes DeepSpeedPlugin(), no JSON)",
+         "trainer_causal_lm.py", processes=2, extra_env=(("ACCELERATE_USE_DEEPSPEED", "true"),)),
     Case("Trainer: DeepSpeed ZeRO-2 JSON without optimizer/scheduler (Trainer's AdamW and schedule), resume",
          "trainer_causal_lm.py", ("--deepspeed", str(HERE / "cases" / "ds_zero2_trainer_optim.json"), "--resume"),
          extra_env=DEEPSPEED_ONE_PROCESS),

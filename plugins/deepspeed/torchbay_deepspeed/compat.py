@@ -197,7 +197,7 @@ class DeepSpeedPlugin:
                     "stage3_gather_16bit_weights_on_model_save": self.zero3_save_16bit_model}
             config = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
                       "gradient_accumulation_steps": self.gradient_accumulation_steps, "zero_optimization": zero}
-            if self.gradient_clipping and self.gradient_clipping != "auto":
+            if self.gradient_clipping:  # "auto" included: prepare fills it (Accelerate: 1.0, Trainer: max_grad_norm)
                 config["gradient_clipping"] = self.gradient_clipping
             self.hf_ds_config = HfDeepSpeedConfig(config)
         self.deepspeed_config = self.hf_ds_config.config
