@@ -14,8 +14,10 @@ each engine is judged against itself):
   same ``MixedPrecisionPolicy``; ``deepspeed.initialize`` with the DeepSpeed config torchbay built;
 - ``torchbay``: ``Accelerator.prepare`` with the case's settings, out of the box.
 
-Loss agreement is judged against ``direct`` where there is one (else ``raw``); the ratios are
-torchbay's step time over each reference (median of the timed steps, device synchronised). A case
+The loops of a case live side by side and take turns on each batch (A B C, then C B A), so that
+clock and cache drift reach them alike. Loss agreement is judged against ``direct`` where there is
+one (else ``raw``); the ratios are torchbay's step time over each reference (median of the timed
+steps, device synchronised around each). A case
 that cannot run says why; the script exits 1 only when a case that ran disagrees with its reference.
 """
 
@@ -68,19 +70,34 @@ def synchronize(device: torch.device) -> None:
         torch.accelerator.synchronize(device)
 
 
-def timed_steps(args, device: torch.device, step: Callable, in_dtype: torch.dtype = torch.float32):
-    """Run ``step(x, y) -> loss`` over the batches: (losses, times of the steps after the warm-up)."""
-    losses, times = [], []
-    for i, (x, y) in enumerate(batches(args.steps + args.warmup, args.batch, args.width)):
-        x, y = x.to(device, in_dtype), y.to(device)
-        synchronize(device)
+@dataclass
+class Loop:
+    """One training loop, stepped one batch at a time: ``step(x, y) -> loss`` on ``device``."""
+
+    step: Callable
+    device: torch.device
+    in_dtype: torch.dtype = torch.float32
+    close: Callable = lambda: None
+    losses: list = field(default_factory=list)
+    times: list = field(default_factory=list)
+
+    def run(self, x, y, timed: bool) -> None:
+        x, y = x.to(self.device, self.in_dtype), y.to(self.device)
+        synchronize(self.device)
         t0 = time.perf_counter()
-        loss = step(x, y)
-        synchronize(device)
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
-    return losses, times
+        loss = self.step(x, y)
+        synchronize(self.device)
+        if timed:
+            self.times.append(time.perf_counter() - t0)
+        self.losses.append(loss.item())
+
+
+def interleave(args, loops: list[Loop]) -> None:
+    """Every loop gets every batch; the order alternates A B C, C B A... (clock or cache drift
+    reaches each loop alike; a strict A B A B would give B the steps that follow A's)."""
+    for i, (x, y) in enumerate(batches(args.steps + args.warmup, args.batch, args.width)):
+        for loop in (loops if i % 2 == 0 else loops[::-1]):
+            loop.run(x, y, timed=i >= args.warmup)
 
 
 def plain_step(model: nn.Module, optimizer, forward: Callable, autocast: torch.dtype | None, device) -> Callable:
@@ -102,15 +119,14 @@ def compile_kwargs(args) -> dict:
 # --- the loops -------------------------------------------------------------------------------------
 
 
-def raw_loop(args, device, case: Case):
+def raw_loop(args, device, case: Case) -> Loop:
     model = make_model(args.width, args.depth).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     forward = torch.compile(model, **compile_kwargs(args)) if case.compiled else model
-    return timed_steps(args, device, plain_step(model, opt, forward, None if case.mode == "fp32" else torch.bfloat16,
-                                                device))
+    return Loop(plain_step(model, opt, forward, None if case.mode == "fp32" else torch.bfloat16, device), device)
 
 
-def torchbay_loop(args, case: Case, keep: dict):
+def torchbay_loop(args, case: Case, keep: dict) -> Loop:
     from torchbay import Accelerator
 
     config = copy.deepcopy(case.config)
@@ -120,32 +136,29 @@ def torchbay_loop(args, case: Case, keep: dict):
     mixed = {"fp32": "no", "bf16": "bf16", "fp8": "fp8"}[case.mode]
     acc = Accelerator(mixed_precision=mixed, strategy=case.strategy, config=config,
                       **({"device": args.device} if args.device else {}))
-    try:
-        model = make_model(args.width, args.depth)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        model, opt = acc.prepare(model, opt)
-        if case.direct == "torchao":
-            keep["converted"] = list(acc.precision.converted[0])
-            keep["emulate"] = acc.precision.emulate
-        if case.direct == "deepspeed":
-            keep["ds_config"] = copy.deepcopy(acc.strategy.records[0].config)
-        keep["compiled"] = acc._compiler.compiled
+    model = make_model(args.width, args.depth)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, opt = acc.prepare(model, opt)
+    if case.direct == "torchao":
+        keep["converted"] = list(acc.precision.converted[0])
+        keep["emulate"] = acc.precision.emulate
+    if case.direct == "deepspeed":
+        keep["ds_config"] = copy.deepcopy(acc.strategy.records[0].config)
+    keep["compiled"] = acc._compiler.compiled
 
-        def step(x, y):
-            loss = nn.functional.mse_loss(model(x).float(), y)
-            acc.backward(loss)
-            opt.step()
-            opt.zero_grad()
-            return loss
+    def step(x, y):
+        loss = nn.functional.mse_loss(model(x).float(), y)
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        return loss
 
-        # DeepSpeed's bf16 converts the module itself and casts no input (as under Accelerate)
-        in_dtype = next(acc.unwrap_model(model).parameters()).dtype if case.strategy == "deepspeed" else torch.float32
-        return timed_steps(args, acc.device, step, in_dtype)
-    finally:
-        acc.end_training()
+    # DeepSpeed's bf16 converts the module itself and casts no input (as under Accelerate)
+    in_dtype = next(acc.unwrap_model(model).parameters()).dtype if case.strategy == "deepspeed" else torch.float32
+    return Loop(step, acc.device, in_dtype, close=acc.end_training)
 
 
-def torchao_direct(args, device, case: Case, keep: dict):
+def torchao_direct(args, device, case: Case, keep: dict) -> Loop:
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     model = make_model(args.width, args.depth).to(device)
@@ -156,56 +169,40 @@ def torchao_direct(args, device, case: Case, keep: dict):
     convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: fqn in chosen)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     forward = torch.compile(model, **compile_kwargs(args)) if case.compiled else model
-    return timed_steps(args, device, plain_step(model, opt, forward, torch.bfloat16, device))
+    return Loop(plain_step(model, opt, forward, torch.bfloat16, device), device)
 
 
-def one_rank_group(device) -> None:
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group(dist.get_default_backend_for_device(device), rank=0, world_size=1)
-
-
-def fsdp_direct(args, device, case: Case, keep: dict):
-    import torch.distributed as dist
+def fsdp_direct(args, device, case: Case, keep: dict) -> Loop:
+    """On the one-rank process group torchbay's loop started (it ends it)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    one_rank_group(device)
-    try:
-        model = make_model(args.width, args.depth).to(device)
-        mesh = init_device_mesh(device.type, (1,))
-        # torchbay's config for bf16: parameters gathered in bf16, gradients reduced in fp32, the
-        # forward under bf16 autocast; a Sequential of Linears has no block class: the root is the unit
-        fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                                     reduce_dtype=torch.float32))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        return timed_steps(args, device, plain_step(model, opt, model, torch.bfloat16, device))
-    finally:
-        dist.destroy_process_group()
+    model = make_model(args.width, args.depth).to(device)
+    mesh = init_device_mesh(device.type, (1,))
+    # torchbay's config for bf16: parameters gathered in bf16, gradients reduced in fp32, the
+    # forward under bf16 autocast; a Sequential of Linears has no block class: the root is the unit
+    fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return Loop(plain_step(model, opt, model, torch.bfloat16, device), device)
 
 
-def deepspeed_direct(args, device, case: Case, keep: dict):
+def deepspeed_direct(args, device, case: Case, keep: dict) -> Loop:
+    """On the one-rank process group torchbay's loop started (it ends it)."""
     import deepspeed
     import torch.distributed as dist
 
-    one_rank_group(device)
-    try:
-        deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
-        model = make_model(args.width, args.depth)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=keep["ds_config"],
-                                          dist_init_required=False)
+    deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
+    model = make_model(args.width, args.depth)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=keep["ds_config"], dist_init_required=False)
 
-        def step(x, y):
-            loss = nn.functional.mse_loss(engine(x).float(), y)
-            engine.backward(loss)
-            engine.step()
-            return loss
+    def step(x, y):
+        loss = nn.functional.mse_loss(engine(x).float(), y)
+        engine.backward(loss)
+        engine.step()
+        return loss
 
-        return timed_steps(args, device, step, next(engine.module.parameters()).dtype)
-    finally:
-        dist.destroy_process_group()
+    return Loop(step, device, next(engine.module.parameters()).dtype)
 
 
 DIRECT = {"torchao": torchao_direct, "fsdp": fsdp_direct, "deepspeed": deepspeed_direct}
@@ -258,34 +255,36 @@ def rel_diff(losses: list[float], reference: list[float]) -> float:
     return max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, reference))
 
 
-def run_case(args, device, device_name, case: Case, raw_runs: dict) -> tuple[str, bool]:
+def run_case(args, device, device_name, case: Case) -> tuple[str, bool]:
     reason = why_not(case, device_name)
     if reason:
         return f"{case.name:<14} skipped: {reason}", True
-    key = ("fp32" if case.mode == "fp32" else "bf16", case.compiled)
-    if key not in raw_runs:
-        raw_runs[key] = raw_loop(args, device, Case(case.name, key[0], compiled=case.compiled))
-    raw_losses, raw_times = raw_runs[key]
+    raw_case = Case(case.name, "fp32" if case.mode == "fp32" else "bf16", compiled=case.compiled)
     keep: dict = {}
+    loops: list[Loop] = []
     try:
-        losses, times = torchbay_loop(args, case, keep)
-        direct = DIRECT[case.direct](args, device, case, keep) if case.direct else None
+        loops.append(torchbay_loop(args, case, keep))  # first: it starts the process group the others use
+        loops.append(raw_loop(args, device, raw_case))
+        if case.direct:
+            loops.append(DIRECT[case.direct](args, device, case, keep))
+        interleave(args, loops)
     except Exception as exc:  # one case failing must not hide the others
         return f"{case.name:<14} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", False
-    ref_losses = direct[0] if direct else raw_losses
-    diff = rel_diff(losses, ref_losses)
+    finally:
+        for loop in reversed(loops):
+            loop.close()
+    ours, raw = loops[0], loops[1]
+    direct = loops[2] if case.direct else None
+    diff = rel_diff(ours.losses, (direct or raw).losses)
     tolerance = TOLERANCE[case.mode]
-    ok = diff <= tolerance and all(v == v for v in losses)  # NaN never passes
-    ms = statistics.median(times) * 1e3
-    raw_ms = statistics.median(raw_times) * 1e3
-    direct_ms = statistics.median(direct[1]) * 1e3 if direct else None
-    row = (f"{case.name:<14} {raw_ms:>9.2f} {direct_ms if direct_ms else float('nan'):>10.2f} {ms:>11.2f} "
-           f"{ms / raw_ms:>7.3f} {(ms / direct_ms) if direct_ms else float('nan'):>9.3f} {diff:>11.2e}  "
-           f"{'ok' if ok else 'LOSS DIFFERS from ' + (case.direct or 'raw') + f' (tolerance {tolerance:g})'}")
-    if keep.get("compiled") is not None and case.compiled and keep["compiled"] in ([], [[]]):
-        row += " (torchbay compiled nothing!)"
-        ok = False
-    return row, ok
+    ok = diff <= tolerance and all(v == v for v in ours.losses)  # NaN never passes
+    ms, raw_ms = statistics.median(ours.times) * 1e3, statistics.median(raw.times) * 1e3
+    direct_ms = statistics.median(direct.times) * 1e3 if direct else float("nan")
+    verdict = "ok" if ok else f"LOSS DIFFERS from {case.direct or 'raw'} (tolerance {tolerance:g})"
+    if case.compiled and keep.get("compiled") in ([], [[]]):
+        verdict, ok = verdict + "; torchbay compiled nothing", False
+    return (f"{case.name:<14} {raw_ms:>9.2f} {direct_ms:>10.2f} {ms:>11.2f} {ms / raw_ms:>7.3f} "
+            f"{ms / direct_ms:>9.3f} {diff:>11.2e}  {verdict}"), ok
 
 
 def fp8_sizes(args, device) -> None:
@@ -299,14 +298,20 @@ def fp8_sizes(args, device) -> None:
         sized = argparse.Namespace(**{**vars(args), "width": width})
         case = Case("fp8", "fp8", compiled=True, direct="torchao",
                     config={"fp8": {"backend": "torchao"}, **({"compile": {"enabled": True}} if args.emulate else {})})
+        keep: dict = {}
+        loops: list[Loop] = []
         try:
-            bf16 = raw_loop(sized, device, Case("bf16", "bf16", compiled=True))
-            keep: dict = {}
-            ours = torchbay_loop(sized, case, keep)
+            loops.append(torchbay_loop(sized, case, keep))
+            loops.append(raw_loop(sized, device, Case("bf16", "bf16", compiled=True)))
+            interleave(sized, loops)
         except Exception as exc:
             print(f"{width:>6} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             continue
-        b, t = (statistics.median(r[1]) * 1e3 for r in (bf16, ours))
+        finally:
+            for loop in reversed(loops):
+                loop.close()
+        ours, bf16 = loops
+        b, t = (statistics.median(loop.times) * 1e3 for loop in (bf16, ours))
         print(f"{width:>6} {b:>17.2f} {t:>13.2f} {b / t:>6.2f}x  {len(keep['converted'])} Linear(s)", flush=True)
 
 
@@ -345,12 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("-" * len(header))
     wanted = set(args.cases.split(",")) if args.cases else None
-    raw_runs: dict = {}
     bad = []
     for case in cases(args):
         if wanted and case.name not in wanted:
             continue
-        row, ok = run_case(args, device, device_name, case, raw_runs)
+        row, ok = run_case(args, device, device_name, case)
         print(row, flush=True)
         if not ok:
             bad.append(case.name)
