@@ -19,7 +19,8 @@ def launches(tmp_path):
     def run(log_with: str, env: dict | None = None, init_kwargs: dict | None = None) -> list[dict]:
         args = ["--project-dir", str(tmp_path), "--log-with", log_with, "--init-kwargs", json.dumps(init_kwargs or {})]
         for extra in ([], ["--resume"]):
-            run_torchrun(tracking_run.__file__, 2, [*args, *extra], env=env, timeout=300).check()
+            # from the test's own folder: a tracker library must never find (and change) this repository
+            run_torchrun(tracking_run.__file__, 2, [*args, *extra], env=env, timeout=300, cwd=str(tmp_path)).check()
         return [json.loads((tmp_path / f"result_rank{r}.json").read_text()) for r in range(2)]
 
     return run

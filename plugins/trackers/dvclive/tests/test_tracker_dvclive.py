@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from torchbay import Accelerator
-from torchbay.errors import ConfigError
+from torchbay.errors import ConfigError, IncompatibleSetupError
 from torchbay.testing.tracking_run import CONFIG, expected_values
 
 pytest.importorskip("dvclive")
@@ -64,19 +64,34 @@ def test_bad_settings_are_refused(tmp_path):
         Accelerator(project_dir=str(tmp_path), log_with="dvclive", config={"dvclive": {"save_dvc_exp": "maybe"}})
 
 
-def test_in_a_git_repository_without_dvc_the_user_is_told_before_dvclive_sets_it_up(tmp_path, monkeypatch, capsys):
-    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+def _git_repository_with_a_commit(path):
+    git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "start"], check=True)  # (DVCLive fails on none)
-    (tmp_path / "train").mkdir()
+    (path / "train").mkdir()
+
+
+def test_in_a_git_repository_without_dvc_the_run_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    _git_repository_with_a_commit(tmp_path)
     monkeypatch.chdir(tmp_path / "train")
-    acc = Accelerator(project_dir=str(tmp_path / "train"), log_with="dvclive")
+    with pytest.raises(IncompatibleSetupError) as refused:
+        Accelerator(project_dir=str(tmp_path / "train"), log_with="dvclive")
+    assert f"DVCLive would run `dvc init` in the Git repository {tmp_path}" in str(refused.value)
+    assert "dvclive.dvc_init: true" in str(refused.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".git", "train"]  # nothing written
+    index = subprocess.run(["git", "-C", str(tmp_path), "status", "--porcelain"], capture_output=True, text=True)
+    assert index.stdout == ""  # nothing staged
+
+
+def test_with_dvc_init_allowed_dvclive_sets_dvc_up_as_it_does_alone(tmp_path, monkeypatch, capsys):
+    _git_repository_with_a_commit(tmp_path)
+    monkeypatch.chdir(tmp_path / "train")
+    acc = Accelerator(project_dir=str(tmp_path / "train"), log_with="dvclive", config={"dvclive": {"dvc_init": True}})
     acc.init_trackers("proj", config=CONFIG)
     acc.log({"loss": 1.0})
     acc.end_training()
-    told = capsys.readouterr().err
-    assert f"DVCLive runs `dvc init` in the Git repository {tmp_path}" in told
-    assert (tmp_path / ".dvc").is_dir() and (tmp_path / ".dvcignore").exists()  # DVCLive's own set-up, as told
+    assert f"DVCLive runs `dvc init` in the Git repository {tmp_path}" in capsys.readouterr().err
+    assert (tmp_path / ".dvc").is_dir() and (tmp_path / ".dvcignore").exists()  # DVCLive's own set-up, as allowed
     assert (tmp_path / "train" / "logs" / "dvclive" / "proj" / "metrics.json").exists()
 
 

@@ -3,6 +3,9 @@
 - ``logging_dir``: default ``<tracking logging dir>/dvclive``; each run writes
   ``<logging_dir>/<project_name>/`` (``params.yaml``, ``metrics.json``, ``plots/metrics/*.tsv``).
 - ``save_dvc_exp``: also save a DVC experiment at the end (needs a Git + DVC repository).
+- ``dvc_init``: let DVCLive run ``dvc init`` in the Git repository around the working directory
+  when that repository has no DVC set-up (what every ``dvclive.Live()`` does); without it (or
+  ``save_dvc_exp``) such a run is refused before it starts, saying so.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ NAME = "dvclive"
 class DVCLiveSection(Section):
     logging_dir: Optional[str] = Field(None, description="default: <tracking logging dir>/dvclive")
     save_dvc_exp: bool = Field(False, description="save a DVC experiment at end_training (needs Git and DVC)")
+    dvc_init: bool = Field(False, description="let DVCLive run `dvc init` (.dvc/ and .dvcignore, staged in Git) in "
+                                              "the Git repository around the working directory when it has no DVC "
+                                              "set-up, as every dvclive.Live() does")
 
 
 @hookimpl

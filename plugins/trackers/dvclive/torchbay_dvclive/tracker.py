@@ -8,8 +8,10 @@ A resumed run (the same directory) goes on appending, as DVCLive's ``resume=True
 
 DVCLive's public ``Live`` is used as it is. Like every ``Live()`` (also under Accelerate), it runs
 ``dvc init`` in the Git repository around the working directory when that repository has no DVC set-up
-yet (``.dvc/`` and ``.dvcignore`` at its root, staged in Git); DVCLive has no public switch to skip it,
-so the tracker says so, naming the repository, before it happens.
+yet (``.dvc/`` and ``.dvcignore`` at its root, staged in Git's index). DVCLive has no public switch to
+skip it, and torchbay changes nothing it did not write unless asked: such a run is refused by
+:meth:`DVCLiveTracker.check` (on every rank, before anything starts) unless ``dvclive.dvc_init`` (or
+``dvclive.save_dvc_exp``, which needs DVC anyway) says yes.
 """
 
 from __future__ import annotations
@@ -38,15 +40,26 @@ class DVCLiveTracker(GeneralTracker):
         self.live = None
 
 
+    @classmethod
+    def check(cls, context: Any) -> list[str]:
+        settings = getattr(context.config, "dvclive", None)
+        if getattr(settings, "dvc_init", False) or getattr(settings, "save_dvc_exp", False):
+            return []
+        repository = git_root_dvclive_sets_up(Path.cwd())
+        if repository is None:
+            return []
+        return [f"dvclive: DVCLive would run `dvc init` in the Git repository {repository} (.dvc/ and .dvcignore, "
+                f"staged in Git), as every dvclive.Live() does; allow it with dvclive.dvc_init: true (--set "
+                f"dvclive.dvc_init=true), or run `dvc init` there yourself, or start the run outside that repository"]
+
     def start(self) -> None:
         from dvclive import Live
 
         save_dvc_exp = bool(getattr(self.settings, "save_dvc_exp", False))
         repository = git_root_dvclive_sets_up(Path.cwd())
-        if repository is not None and not save_dvc_exp:
+        if repository is not None:  # allowed (check): say it as it happens
             say(f"dvclive: DVCLive runs `dvc init` in the Git repository {repository} (.dvc/ and .dvcignore, "
-                f"staged in Git), as it does for every Live(); to keep it out, run from outside that repository "
-                f"or set DVC up there yourself first")
+                f"staged in Git)")
         options = {"resume": True, "save_dvc_exp": save_dvc_exp, "dvcyaml": None, "report": None}
         options.update(self.kwargs)
         self.live = Live(dir=str(self.dir), **options)
