@@ -331,9 +331,9 @@ def test_import_names_every_unmappable_key(capsys, tmp_path):
 
 def test_import_maps_dynamo_config_to_the_compile_section(capsys, tmp_path):
     f = tmp_path / "a.yaml"
-    f.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\ndynamo_config:\n  dynamo_backend: INDUCTOR\n"
-                 "  dynamo_mode: max-autotune\n  dynamo_use_fullgraph: true\n  dynamo_use_dynamic: false\n"
-                 "  dynamo_use_regional_compilation: true\n")
+    f.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\ndynamo_config:\n"
+                 "  dynamo_backend: INDUCTOR\n  dynamo_mode: max-autotune\n  dynamo_use_fullgraph: true\n"
+                 "  dynamo_use_dynamic: false\n  dynamo_use_regional_compilation: true\n")
     code, out, err = run(capsys, "config", "import-accelerate", str(f), "--strict")
     assert code == 0, err
     assert yaml.safe_load(out)["compile"] == {"enabled": True, "backend": "inductor", "mode": "max-autotune",

@@ -73,7 +73,8 @@ def test_accelerates_dynamo_arguments_map_to_the_compile_section():
     assert (section.enabled, section.backend, section.mode, section.fullgraph, section.dynamic, section.regional) == \
         (True, "aot_eager", None, True, False, True)
     assert plugin.to_kwargs() == {"backend": "aot_eager", "fullgraph": True, "dynamic": False}
-    assert Accelerator(dynamo_plugin=TorchDynamoPlugin(backend="inductor", disable=True)).config.compile.enabled is False
+    disabled = TorchDynamoPlugin(backend="inductor", disable=True)
+    assert Accelerator(dynamo_plugin=disabled).config.compile.enabled is False
 
 
 def test_conflicting_or_foreign_dynamo_arguments_are_refused():

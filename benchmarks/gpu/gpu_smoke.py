@@ -181,7 +181,8 @@ def fsdp_direct(args, device, case: Case, keep: dict) -> Loop:
     mesh = init_device_mesh(device.type, (1,))
     # torchbay's config for bf16: parameters gathered in bf16, gradients reduced in fp32, the
     # forward under bf16 autocast; a Sequential of Linears has no block class: the root is the unit
-    fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     return Loop(plain_step(model, opt, model, torch.bfloat16, device), device)
 

@@ -124,8 +124,8 @@ class Preparation:
                     return module._torchbay_original_forward(*args, **kwargs)
 
             inner._torchbay_original_forward = original
-            inner.forward = bind_forward(
-                inner, operations.convert_outputs_to_fp32(forward) if precision.fp32_outputs else forward, like=original)
+            wrapped = operations.convert_outputs_to_fp32(forward) if precision.fp32_outputs else forward
+            inner.forward = bind_forward(inner, wrapped, like=original)
         return model
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,

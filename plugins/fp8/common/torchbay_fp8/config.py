@@ -26,5 +26,6 @@ class FP8Config(Section):
     outer_autocast: bool = Field(True, description="keep a bf16 autocast around the FP8 forward")
     filter_small_layers: Optional[bool] = Field(
         None, description="leave a Linear too small to gain from FP8 (K*N/(K+N) below engine_options."
-                          "small_layer_threshold, 1024) in higher precision; null: on, off when the engine emulates FP8")
+                          "small_layer_threshold, 1024) in higher precision; null: on, off when the engine "
+                          "emulates FP8")
     engine_options: dict[str, Any] = Field(default_factory=dict, description="passed to the engine as is")
