@@ -61,6 +61,8 @@ NOTES = {
     "compile_regions": "compiles the repeated blocks in place and returns the same module (Accelerate returns a "
                        "copy and also compiles the other leaf modules)",
     "has_compiled_regions": "also counts modules compiled in place (Module.compile, torchbay's compile step)",
+    "is_compiled_module": "True for a torch.compile wrapper (OptimizedModule) only: a model torchbay's compile step "
+                          "compiled in place has no _orig_mod to unwrap, so code that unwraps one leaves it as is",
     "LoggerType": "ALL and one member per installed tracker (a tracker plugin, or the built-in JSONL); a "
                   "member that is not installed raises, naming the distribution to install (docs/tracking.md)",
 }
