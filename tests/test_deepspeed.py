@@ -510,3 +510,19 @@ def test_deepspeed_plugin_through_the_accelerator_as_transformers_trainer_uses_i
     assert result["checkpoint_loader"].startswith("install_safe_loader")
     error = result["planted_error"]
     assert error.startswith("CheckpointError") and "posix.system" in error and "allow_unsafe_pickle" in error
+
+
+@pytest.mark.slow
+def test_state_deepspeed_plugin_of_a_run_configured_in_torchbay(tmp_path):
+    """No DeepSpeedPlugin given: accelerator.state.deepspeed_plugin is made from torchbay's config (a JSON file in
+    deepspeed.deepspeed_config_file, "auto" values still open); transformers gives it a new config object and fills
+    it, and prepare builds the engine from that one (tests/scripts/deepspeed_plugin_compat.py --from-torchbay-config)."""
+    run_torchrun(os.path.join(SCRIPTS, "deepspeed_plugin_compat.py"), 1,
+                 ["--out", str(tmp_path), "--from-torchbay-config"], env={"TORCHBAY_AS_ACCELERATE": "1"},
+                 timeout=240).check()
+    result = json.loads((tmp_path / "result_from_config.json").read_text())
+    assert result["plugin"] == "DeepSpeedPlugin" and result["stage"] == 2
+    before = result["config_before"]
+    assert before["optimizer"]["params"]["lr"] == "auto" and before["gradient_clipping"] == "auto"
+    assert before["gradient_accumulation_steps"] == 1  # torchbay's value, already in
+    assert result["engine_clip"] == 0.7 and result["warmup_max_lr"] == 0.02  # from the new config object

@@ -40,7 +40,13 @@ class Planted:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--from-torchbay-config", action="store_true",
+                        help="no DeepSpeedPlugin: the JSON is torchbay's deepspeed.deepspeed_config_file and the "
+                             "plugin is read from accelerator.state, as Trainer run under torchbay's config does")
     args = parser.parse_args()
+    if args.from_torchbay_config:
+        from_torchbay_config(args.out)
+        return
 
     import accelerate
     from accelerate import Accelerator
@@ -109,6 +115,41 @@ def main() -> None:
         result["planted_error"] = f"{type(exc).__name__}: {exc}"
     accelerator.end_training()
     with open(os.path.join(args.out, "result_plugin.json"), "w") as handle:
+        json.dump(result, handle, indent=1, default=str)
+
+
+def from_torchbay_config(out: str) -> None:
+    """strategy deepspeed with a JSON file in torchbay's config; the plugin Trainer reads from the state gets a new
+    config object (transformers' propagate_args_to_deepspeed) whose "auto" values it fills before prepare."""
+    from accelerate import Accelerator
+    from accelerate.utils import DummyOptim, DummyScheduler, HfDeepSpeedConfig
+
+    path = os.path.join(out, "ds.json")
+    with open(path, "w") as handle:
+        json.dump({"optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
+                   "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto", "warmup_num_steps": 3}},
+                   "zero_optimization": {"stage": 2}, "gradient_clipping": "auto"}, handle)
+    accelerator = Accelerator(config={"strategy": "deepspeed", "deepspeed": {"deepspeed_config_file": path}})
+    plugin = accelerator.state.deepspeed_plugin
+    result: dict = {"plugin": type(plugin).__name__, "stage": plugin.zero_stage,
+                    "config_before": json.loads(json.dumps(plugin.deepspeed_config))}
+    plugin.hf_ds_config = HfDeepSpeedConfig(plugin.hf_ds_config.config)  # a new object, as transformers makes
+    plugin.deepspeed_config = plugin.hf_ds_config.config
+    for key, value in (("optimizer.params.lr", 0.02), ("scheduler.params.warmup_max_lr", 0.02),
+                       ("gradient_clipping", 0.7)):
+        node, leaf = plugin.hf_ds_config.find_config_node(key)
+        node[leaf] = value
+    torch.manual_seed(0)
+    model = Tiny()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1)),
+                                         batch_size=4)
+    optimizer = DummyOptim(model.parameters())
+    loader, engine, optimizer, scheduler = accelerator.prepare(loader, model, optimizer, DummyScheduler(optimizer))
+    result["engine_lr"] = engine.optimizer.param_groups[0]["lr"]
+    result["engine_clip"] = engine.gradient_clipping()
+    result["warmup_max_lr"] = scheduler.scheduler.max_lrs[0]
+    accelerator.end_training()
+    with open(os.path.join(out, "result_from_config.json"), "w") as handle:
         json.dump(result, handle, indent=1, default=str)
 
 

@@ -134,9 +134,10 @@ def _same(a: Any, b: Any) -> bool:
 
 #: where the DeepSpeed config of an Accelerate ``DeepSpeedPlugin`` comes from, in messages
 PLUGIN_SOURCE = "the DeepSpeedPlugin's config (Accelerator(deepspeed_plugin=...))"
+RUN_PLUGIN_SOURCE = "the run's DeepSpeed config (accelerator.state.deepspeed_plugin)"
 
 
-def base_config(resolved, world_size: int, plugin_config: Optional[dict] = None
+def base_config(resolved, world_size: int, plugin_config: Optional[dict] = None, from_user_plugin: bool = True
                 ) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     """The DeepSpeed config from every source, with "auto" values still unfilled.
 
@@ -146,6 +147,9 @@ def base_config(resolved, world_size: int, plugin_config: Optional[dict] = None
         holds the plugin's config as it was when the Accelerator was made. As in Accelerate, its
         ``gradient_accumulation_steps`` wins over the Accelerator's (transformers' Trainer gives the
         Accelerator 1 and accumulates itself).
+    :param from_user_plugin: False when the plugin was made from torchbay's own config (a run configured
+        without a DeepSpeedPlugin whose ``accelerator.state.deepspeed_plugin`` was asked for): its config
+        already holds the JSON file's values, which it replaces.
     :return: ``(config, origins, problems)``: ``origins`` maps a dotted DeepSpeed key to where
         its value came from; ``problems`` lists every conflict (each showing both values).
     """
@@ -156,7 +160,7 @@ def base_config(resolved, world_size: int, plugin_config: Optional[dict] = None
     file_cfg: dict[str, Any] = {}
     file_name = section.deepspeed_config_file
     if plugin_config is not None:
-        if file_name:
+        if file_name and from_user_plugin:
             return {}, {}, [f"deepspeed.deepspeed_config_file ({file_name}) and a DeepSpeedPlugin's config both give "
                             f"the DeepSpeed config; keep one (DeepSpeedPlugin(hf_ds_config={file_name!r}) reads the "
                             f"file)"]
@@ -167,7 +171,9 @@ def base_config(resolved, world_size: int, plugin_config: Optional[dict] = None
             file_cfg = load_json_file(file_name)
         except ConfigError as exc:
             return {}, {}, exc.problems
-    where_file = PLUGIN_SOURCE if plugin_config is not None else f"the DeepSpeed JSON {file_name}"
+    where_file = f"the DeepSpeed JSON {file_name}"
+    if plugin_config is not None:
+        where_file = PLUGIN_SOURCE if from_user_plugin else RUN_PLUGIN_SOURCE
     if "bfloat16" in file_cfg:  # DeepSpeed still reads its old name for the bf16 section
         if "bf16" in file_cfg:
             problems.append(f"{where_file} has both 'bf16' and its old name 'bfloat16'; keep one ('bf16')")

@@ -170,6 +170,8 @@ class DeepSpeedStrategy(Strategy):
         self._loader_micro_batch: tuple[int, str] | None = None
         #: Accelerate's DeepSpeedPlugin given to Accelerator(...), or the one made when first asked for
         self._plugin = getattr(context, "plugin_objects", {}).get("deepspeed_plugin")
+        #: whether the plugin is the user's (Accelerate's semantics for its config) or made from torchbay's config
+        self._plugin_given = self._plugin is not None
         if self._plugin is not None:  # as Accelerate's AcceleratorState does with it
             self._plugin.set_mixed_precision(context.config.mixed_precision)
             self._plugin.select(_from_accelerator_state=True)
@@ -214,7 +216,8 @@ class DeepSpeedStrategy(Strategy):
         live = self._plugin_config()
         if live is None:
             return self.base_config
-        base, _, problems = dsconfig.base_config(self.context.resolved, self.world_size, live)
+        base, _, problems = dsconfig.base_config(self.context.resolved, self.world_size, live,
+                                                 from_user_plugin=self._plugin_given)
         if problems:
             raise ConfigError(problems, header="invalid DeepSpeed configuration")
         if self.section.load_universal:
@@ -357,7 +360,7 @@ class DeepSpeedStrategy(Strategy):
         sched = dummy_scheds.get(id(user_opt)) if user_opt is not None else None
         opt_hint = dict(user_opt.defaults) if dummy else None
         early: list[str] = []
-        if live is not None:  # what Accelerate fills itself for a DeepSpeedPlugin's config
+        if live is not None and self._plugin_given:  # what Accelerate fills itself for a DeepSpeedPlugin's config
             early = dsconfig.accelerate_fills(cfg, optimizer=user_opt if dummy else None, scheduler=sched,
                                               num_processes=self.world_size,
                                               split_batches=self.context.config.dataloader.split_batches)
