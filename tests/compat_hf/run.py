@@ -30,6 +30,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 BIN = Path(sys.executable).parent
 CASE_TIMEOUT_S = 600
+#: what was printed, for --results (the tables docs/accelerate-compat.md shows)
+REPORT: list[str] = []
+
+
+def say(*parts, **kwargs) -> None:
+    text = " ".join(str(p) for p in parts)
+    REPORT.append(text)
+    print(text, flush=True)
 
 
 @dataclasses.dataclass
@@ -170,9 +178,9 @@ def compare(expected: dict, got: dict, bf16: bool) -> tuple[float, list[str]]:
 
 
 def part_cases(selected: list[Case], work_root: Path) -> list[str]:
-    print("\n## The training cases (docs/accelerate-compat.md, 'The Hugging Face libraries')\n")
-    print("| case | processes | Accelerate | torchbay | largest difference | result |")
-    print("|---|---|---|---|---|---|")
+    say("\n## The training cases (docs/accelerate-compat.md, 'The Hugging Face libraries')\n")
+    say("| case | processes | Accelerate | torchbay | largest difference | result |")
+    say("|---|---|---|---|---|---|")
     failures = []
     for number, case in enumerate(selected):
         work = work_root / f"case{number}"
@@ -190,13 +198,13 @@ def part_cases(selected: list[Case], work_root: Path) -> list[str]:
             verdict = "same" if not problems else "DIFFERS"
             failures.extend(f"{case.name} x{case.processes}: {p}" for p in problems)
         shown = "-" if worst is None else f"{worst:.1e}"
-        print(f"| {case.name} | {case.processes} | {seconds_a:.0f} s | {seconds_t:.0f} s | {shown} | {verdict} |",
+        say(f"| {case.name} | {case.processes} | {seconds_a:.0f} s | {seconds_t:.0f} s | {shown} | {verdict} |",
               flush=True)
     return failures
 
 
 def part_names() -> list[str]:
-    print("\n## Names the libraries import from accelerate\n")
+    say("\n## Names the libraries import from accelerate\n")
     code = ("import importlib, yaml, sys\n"
             f"names = yaml.safe_load(open({str(HERE / 'accelerate_names.yaml')!r}))\n"
             "bad, count = [], 0\n"
@@ -213,15 +221,15 @@ def part_names() -> list[str]:
             "            except Exception:\n"
             "                try: importlib.import_module(f'{module}.{a}')\n"
             "                except Exception as e: bad.append(f'{library}: {module}.{a}: {e}')\n"
-            "print(count); print('\\n'.join(bad))\n")
+            "say(count); say('\\n'.join(bad))\n")
     done = subprocess.run([sys.executable, "-c", code], env=_env(True, Case("", "")), capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         return [f"the name check failed: {done.stderr.strip()[-2000:]}"]
     count, bad = int(lines[0]), lines[1:]
-    print(f"{count - len(bad)} of {count} names resolve on torchbay")
+    say(f"{count - len(bad)} of {count} names resolve on torchbay")
     for line in bad:
-        print(f"- {line}")
+        say(f"- {line}")
     return bad
 
 
@@ -251,7 +259,7 @@ def part_library_tests(work_root: Path) -> list[str]:
     import importlib.metadata
 
     version = importlib.metadata.version("peft")
-    print(f"\n## peft {version}'s own tests (from its source archive), on Accelerate and on torchbay\n")
+    say(f"\n## peft {version}'s own tests (from its source archive), on Accelerate and on torchbay\n")
     archive_dir = work_root / "sdist"
     fetched = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
                               f"peft=={version}", "-d", str(archive_dir)], capture_output=True, text=True)
@@ -269,15 +277,15 @@ def part_library_tests(work_root: Path) -> list[str]:
         results[side] = _outcomes(report)
     counts = {side: {k: sum(1 for o in r.values() if o == k) for k in ("passed", "failed", "skipped")}
               for side, r in results.items()}
-    print("| | passed | failed | skipped |\n|---|---|---|---|")
+    say("| | passed | failed | skipped |\n|---|---|---|---|")
     for side, c in counts.items():
-        print(f"| {side} | {c['passed']} | {c['failed']} | {c['skipped']} |")
+        say(f"| {side} | {c['passed']} | {c['failed']} | {c['skipped']} |")
     differ = sorted(n for n in set(results["Accelerate"]) | set(results["torchbay"])
                     if results["Accelerate"].get(n) != results["torchbay"].get(n))
     for name in differ:
-        print(f"- {name}: {results['Accelerate'].get(name)} on Accelerate, {results['torchbay'].get(name)} on torchbay")
+        say(f"- {name}: {results['Accelerate'].get(name)} on Accelerate, {results['torchbay'].get(name)} on torchbay")
     if not differ:
-        print("\nEvery test has the same outcome on both.")
+        say("\nEvery test has the same outcome on both.")
     return [f"peft test {n} differs" for n in differ]
 
 
@@ -285,12 +293,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", default=[], help="run only cases whose name contains this")
     parser.add_argument("--skip-library-tests", action="store_true")
+    parser.add_argument("--results", metavar="FILE", help="also write the tables here (docs/compat-hf-results.md)")
     args = parser.parse_args(argv)
     import importlib.metadata
 
     versions = ", ".join(f"{n} {importlib.metadata.version(n)}" for n in
                          ("torch", "accelerate", "transformers", "peft", "trl", "diffusers", "datasets", "torchbay"))
-    print(f"# compat-hf: {versions}")
+    say(f"Measured by `make compat-hf` ({versions}), on a 2-core CPU machine.")
     selected = [c for c in CASES if not args.only or any(o in c.name for o in args.only)]
     with tempfile.TemporaryDirectory(prefix="compat-hf-") as tmp:
         work = Path(tmp)
@@ -300,12 +309,14 @@ def main(argv: list[str] | None = None) -> int:
             if not args.skip_library_tests:
                 failures += part_library_tests(work)
     if failures:
-        print("\n## Differences\n")
+        say("\n## Differences\n")
         for failure in failures:
-            print(f"- {failure}")
-        return 1
-    print("\nAll the same.")
-    return 0
+            say(f"- {failure}")
+    else:
+        say("\nAll the same.")
+    if args.results:
+        Path(args.results).write_text("\n".join(REPORT).replace("\n## ", "\n### ") + "\n", encoding="utf-8")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
