@@ -204,3 +204,37 @@ def test_torchbay_launch_as_accelerate_switches_every_worker(tmp_path):
     for label in ("flag", "config key"):
         assert len(runs[label]) == 2 and all("torchbay stand-in" in line for line in runs[label]), runs[label]
     assert len(runs["off"]) == 2 and not any("torchbay" in line for line in runs["off"])
+
+
+def test_a_plugins_accelerate_name_without_its_plugin_says_which_distribution_to_install():
+    """Issue 28 item 4: TERecipeKwargs without torchbay-fp8, an FSDP helper without torchbay-fsdp."""
+    seen = _python("""
+    import json, torchbay.utils
+    said = {}
+    for name in ("TERecipeKwargs", "fsdp2_prepare_model"):
+        try:
+            getattr(torchbay.utils, name)
+            said[name] = None
+        except AttributeError as exc:
+            said[name] = str(exc)
+    print(json.dumps(said))
+    """, switch=False, TORCHBAY_BLOCK_PLUGINS="fp8,fsdp")
+    assert "pip install torchbay-fp8" in seen["TERecipeKwargs"]
+    assert "pip install torchbay-fsdp" in seen["fsdp2_prepare_model"]
+
+
+def test_the_plugin_hints_cover_every_accelerate_name_the_in_tree_plugins_answer():
+    import configparser
+    import glob
+
+    hints = yaml.safe_load(open(os.path.join(ROOT, "core", "torchbay", "compat", "resources", "library_names.yaml"),
+                                encoding="utf-8"))["plugin_hints"]
+    answered: dict[str, set] = {}
+    for fragment in glob.glob(os.path.join(ROOT, "plugins", "**", "accelerate.yaml"), recursive=True):
+        api = (yaml.safe_load(open(fragment, encoding="utf-8")) or {}).get("api") or {}
+        names = set(api.get("plugin_names", {})) | {n for group in api.get("unsupported", []) for n in group["names"]}
+        if names:
+            setup = configparser.ConfigParser()
+            setup.read(os.path.join(fragment.split(os.sep + "torchbay_")[0], "setup.cfg"))
+            answered.setdefault(setup["metadata"]["name"], set()).update(names)
+    assert {k: set(v) for k, v in hints.items()} == answered

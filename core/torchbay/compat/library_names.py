@@ -3,6 +3,7 @@
 ``resolve(name, missing)`` answers from ``resources/library_names.yaml``: Accelerate's constants, the small utilities
 below, and placeholders for names a torchbay plugin serves while that plugin is not installed (or refuses). Importing
 a placeholder works; building or calling it raises :class:`~torchbay.compat_names.UnsupportedAPIError` with the fix.
+Any other name of a published plugin that is not installed is a missing attribute naming the distribution.
 """
 
 from __future__ import annotations
@@ -60,7 +61,18 @@ def resolve(name: str, missing: Any) -> Any:
     kind = _plugin_kinds().get(name)
     if kind is not None:  # its plugin is not installed (an installed one serves or refuses it first)
         return placeholder(name, f"it comes from the {kind[1]} plugin: pip install {kind[1]}")
+    distribution = _hinted().get(name)
+    if distribution is not None:
+        from torchbay.compat_names import UnsupportedAPIError
+
+        raise UnsupportedAPIError(f"{name} comes from the {distribution} plugin, which is not installed: "
+                                  f"pip install {distribution} (see docs/accelerate-compat.md)")
     return missing
+
+
+@functools.lru_cache(maxsize=1)
+def _hinted() -> dict[str, str]:
+    return {name: distribution for distribution, names in table()["plugin_hints"].items() for name in names}
 
 
 class CustomDtype(enum.Enum):
