@@ -71,9 +71,10 @@ def run_torchrun(plan: LaunchPlan, env: Mapping[str, str], target: str, target_a
 
 
 #: torch elastic's log lines about a failure that torchbay's own report tells better (the rank,
-#: its error, its traceback): "failed (exitcode: 1) local_rank: 1 (pid...)", "Sending process N
-#: closing signal SIGTERM"
-ELASTIC_LINES_REPORTED = ("failed (exitcode", "Sending process")
+#: its error, its traceback, how the others were stopped): "failed (exitcode: 1) local_rank: 1
+#: (pid...)", "Sending process N closing signal SIGTERM", "Unable to shutdown process N via SIGTERM,
+#: forcefully exiting via SIGKILL"
+ELASTIC_LINES_REPORTED = ("failed (exitcode", "Sending process", "Closing process", "Unable to shutdown process")
 
 
 class _ReportedByTorchbay(logging.Filter):
