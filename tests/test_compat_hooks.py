@@ -434,6 +434,26 @@ def test_modeling_helpers_give_accelerates_results():
         tb_utils.set_module_tensor_to_device(model, "head.bias", "cpu", value=torch.zeros(3))
 
 
+def test_device_map_keys_sizes_and_bare_indexes_as_accelerate(tmp_path):
+    """Found by running Accelerate 1.15's own tests/test_modeling_utils.py on torchbay."""
+    model = net()
+    for utils in (acc_utils, tb_utils):
+        with pytest.warns(UserWarning, match="do not match any submodules.*'nowhere'"):
+            utils.check_device_map(model, {"": "cpu", "nowhere": "cpu"})
+        with pytest.raises(ValueError):
+            utils.convert_file_size_to_int("-1GB")
+    state = model.state_dict()
+    files = {"embed": "part1.bin", "blocks": "part2.bin", "norm": "part3.bin", "head": "part3.bin"}
+    weight_map = {name: files[name.split(".")[0]] for name in state}
+    for file in set(files.values()):
+        torch.save({k: v for k, v in state.items() if weight_map[k] == file}, tmp_path / file)
+    (tmp_path / "weight_map.index.json").write_text(json.dumps(weight_map))  # a bare map, in a file of any name
+    for top in (accelerate, torchbay):
+        fresh = Net().eval()
+        top.load_checkpoint_in_model(fresh, str(tmp_path))
+        assert torch.equal(fresh(IDS), model(IDS))
+
+
 # The accelerate.utils names transformers 5.25, peft 0.21 and diffusers 0.42 import for big-model work.
 LIBRARY_NAMES = ["clean_device_map", "compute_module_sizes", "convert_file_size_to_int", "get_balanced_memory",
                  "get_max_layer_size", "get_max_memory", "infer_auto_device_map", "load_offloaded_weights",

@@ -26,7 +26,8 @@ from torchbay.device_map import (CPU, DISK, accelerator_class, check_device_map,
 from torchbay.dispatch_hooks import (AlignDevicesHook, CpuOffload, UserCpuOffloadHook, add_hook_to_module,
                                      remove_hook_from_module)
 from torchbay.errors import ConfigError
-from torchbay.hook_placement import attach_align_device_hook, attach_execution_device_hook
+from torchbay.hook_placement import (attach_align_device_hook, attach_execution_device_hook,
+                                     attach_layerwise_casting_hooks)
 from torchbay.offload_index import (INDEX as OFFLOAD_INDEX, LEGACY_INDEX as LEGACY_OFFLOAD_INDEX, FileSource,
                                     OffloadedWeightsLoader, PrefixedDataset, read_offload_index, save_offload_index,
                                     write_offload)
@@ -401,5 +402,5 @@ def cpu_offload_with_hook(model: nn.Module, execution_device: Any = None,
     return model, UserCpuOffloadHook(model, hook)
 
 
-__all__ = ["UserCpuOffloadHook", "cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",
+__all__ = ["UserCpuOffloadHook", "attach_layerwise_casting_hooks", "cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",
            "init_empty_weights", "init_on_device", "load_checkpoint_and_dispatch"]

@@ -90,6 +90,8 @@ def _from_index(index: Path) -> CheckpointFiles:
         raise CheckpointError(f"the index {index} is not valid JSON ({exc}); it should be a Hugging Face index "
                               f'{{"metadata": {{...}}, "weight_map": {{"<tensor name>": "<file>", ...}}}}') from None
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if weight_map is None and isinstance(data, dict) and data and all(isinstance(v, str) for v in data.values()):
+        weight_map = data  # a bare {name: file} map, as Accelerate also reads
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"the index {index} has no \"weight_map\" object mapping tensor names to files; a "
                               f'Hugging Face index is {{"metadata": {{...}}, "weight_map": {{"<name>": "<file>"}}}}')
@@ -175,6 +177,8 @@ def resolve_checkpoint(checkpoint: str | Path) -> CheckpointFiles:
         return _single(newer) if newer.name == WEIGHTS else _from_index(newer)
     indexes = sorted(p for p in path.glob("*.index.json") if p.name.endswith((".safetensors.index.json",
                                                                              ".bin.index.json")))
+    if not indexes and len(list(path.glob("*.index.json"))) == 1:  # one index of another name, as Accelerate reads
+        indexes = list(path.glob("*.index.json"))
     safetensor_indexes = [p for p in indexes if p.name.endswith(".safetensors.index.json")]
     if len(safetensor_indexes) > 1 or (not safetensor_indexes and len(indexes) > 1):
         raise CheckpointError(f"{path} holds several indexes ({', '.join(p.name for p in indexes)}); pass the one "

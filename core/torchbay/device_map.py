@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from collections import defaultdict
 from typing import Any, Iterator
 
@@ -241,7 +242,13 @@ def _units(module: nn.Module, prefix: str) -> list[tuple[str, Any]]:
 
 
 def check_device_map(model: nn.Module, device_map: dict[str, Any]) -> None:
-    """Every parameter and buffer of ``model`` is covered by an entry of ``device_map``."""
+    """Every parameter and buffer of ``model`` is covered by an entry of ``device_map`` (a key that names
+    no submodule or tensor is warned about, as Accelerate does)."""
+    known = {name for name, _ in model.named_modules()} | set(all_tensor_names(model))
+    unknown = [key for key in device_map if key not in known]
+    if unknown:
+        warnings.warn(f"device_map keys do not match any submodules or tensors of the model: "
+                      f"{', '.join(map(repr, unknown))}; they place nothing (check their spelling)", stacklevel=2)
     if "" in device_map:
         return
     uncovered = []

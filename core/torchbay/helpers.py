@@ -305,7 +305,10 @@ def convert_file_size_to_int(size: int | str) -> int:
              "TB": 10**12, "B": 1}
     for unit, factor in units.items():
         if text.endswith(unit):
-            return int(float(text[:-len(unit)]) * factor)
+            value = int(float(text[:-len(unit)]) * factor)
+            if value < 0:
+                raise ValueError(f"{size!r} is a negative size")
+            return value
     raise ValueError(f"{size!r} is not a size like '5GB' or '500MiB'")
 
 

@@ -6,6 +6,7 @@ own hooks and then :func:`attach_execution_device_hook`, as Accelerate's ``dispa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 from torchbay.device_map import named_module_tensors
-from torchbay.dispatch_hooks import AlignDevicesHook, add_hook_to_module
+from torchbay.dispatch_hooks import AlignDevicesHook, LayerwiseCastingHook, add_hook_to_module
 from torchbay.offload_index import PrefixedDataset
 
 
@@ -109,4 +110,32 @@ def attach_align_device_hook_on_blocks(module: nn.Module, execution_device: Any 
                                            preload_module_classes=preload_module_classes, **common)
 
 
-__all__ = ["attach_align_device_hook", "attach_align_device_hook_on_blocks", "attach_execution_device_hook"]
+#: the layers attach_layerwise_casting_hooks casts (Accelerate's constant of the same name)
+SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+                                          nn.ConvTranspose3d, nn.Linear)
+
+
+def attach_layerwise_casting_hooks(module: nn.Module, storage_dtype: torch.dtype, compute_dtype: torch.dtype,
+                                   skip_modules_pattern: str | tuple[str, ...] | None = None,
+                                   skip_modules_classes: tuple[type[nn.Module], ...] | None = None,
+                                   non_blocking: bool = False) -> None:
+    """Keep the weights of every linear and convolution layer in ``storage_dtype`` and run each in
+    ``compute_dtype`` (a :class:`LayerwiseCastingHook` per layer), except the layers whose name matches
+    a regular expression of ``skip_modules_pattern`` or whose class is in ``skip_modules_classes``."""
+    _cast_layerwise(module, storage_dtype, compute_dtype, skip_modules_pattern, skip_modules_classes, non_blocking,
+                    prefix="")
+
+
+def _cast_layerwise(module, storage_dtype, compute_dtype, patterns, classes, non_blocking, prefix: str) -> None:
+    if (classes is not None and isinstance(module, classes)) or (
+            patterns is not None and any(re.search(p, prefix) for p in patterns)):
+        return
+    if isinstance(module, SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING):
+        add_hook_to_module(module, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking), append=True)
+        return
+    for name, child in module.named_children():
+        _cast_layerwise(child, storage_dtype, compute_dtype, patterns, classes, non_blocking,
+                        f"{prefix}.{name}" if prefix else name)
+
+
+__all__ = ["SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING", "attach_layerwise_casting_hooks", "attach_align_device_hook", "attach_align_device_hook_on_blocks", "attach_execution_device_hook"]

@@ -40,6 +40,7 @@ _EXPORTS = {
     "torchbay.checkpoint_loading": ["load_checkpoint_in_model", "set_module_tensor_to_device"],
     "torchbay.dispatch_hooks": ["align_module_device", "has_offloaded_params", "remove_hook_from_module",
                                 "remove_hook_from_submodules"],
+    "torchbay.hook_placement": ["SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING"],
     "torchbay.offload_index": ["OffloadedWeightsLoader", "PrefixedDataset", "load_offloaded_weight",
                                "load_offloaded_weights", "offload_state_dict", "offload_weight", "save_offload_index"],
     "torchbay.big_model_utils": ["calculate_maximum_sizes", "check_tied_parameters_on_same_device",
