@@ -60,18 +60,20 @@ class _LaunchParser(argparse.ArgumentParser):
         from torchbay.cli.main import build_parser, with_accelerate_spellings
 
         parser = build_parser()
-        argv = ["launch", "--as-accelerate", *_with_torchbay_config(list(sys.argv[1:] if args is None else args))]
-        argv = with_accelerate_spellings(parser, argv)  # accelerate launch's --num_processes, --mixed_precision...
+        given, imported_config = _with_torchbay_config(list(sys.argv[1:] if args is None else args))
+        argv = with_accelerate_spellings(parser, ["launch", "--as-accelerate", *given])  # --num_processes...
         parsed = parser.parse_args(argv)
         parsed._argv = argv
+        parsed._imported_config = imported_config
         return parsed
 
 
-def _with_torchbay_config(args: list[str]) -> list[str]:
+def _with_torchbay_config(args: list[str]) -> tuple[list[str], str | None]:
     """Replace an Accelerate ``--config_file`` (before the script) by the torchbay config imported from it.
 
     The import is what ``torchbay config import-accelerate`` does; its report goes to stderr, and the imported
-    config is written to a new temporary file (the user's file is only read).
+    config is written to a new temporary file (the user's file is only read), whose path is returned with the
+    arguments: ``launch_command`` removes it once the launch has read it.
     """
     import sys
     import tempfile
@@ -87,7 +89,7 @@ def _with_torchbay_config(args: list[str]) -> list[str]:
         value = value or (args[index + 1] if index + 1 < len(args) else "")
         settings = load_config_from_file(value).to_dict() if value else {}
         if "distributed_type" not in settings and "compute_environment" not in settings:
-            return args  # already a torchbay config
+            return args, None  # already a torchbay config
         tree, report = import_file(value)
         worth_saying = [line for line in report.lines() if not line.startswith(("mapped", "ignored"))]
         print(f"torchbay: the Accelerate config {value} imported as torchbay settings ({len(report.mapped)} mapped, "
@@ -97,8 +99,8 @@ def _with_torchbay_config(args: list[str]) -> list[str]:
         with handle:
             handle.write(to_yaml(tree, report, value))
         rest = args[index + 1:] if "=" in token else args[index + 2:]
-        return [*args[:index], "--config-file", handle.name, *rest]
-    return args
+        return [*args[:index], "--config-file", handle.name, *rest], handle.name
+    return args, None
 
 
 def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
@@ -108,6 +110,11 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 def launch_command(args: argparse.Namespace) -> None:
     """Run a parsed launch; a failed job ends this process with the job's exit code, as Accelerate's does."""
-    code = args.func(args)
+    try:
+        code = args.func(args)
+    finally:
+        imported = getattr(args, "_imported_config", None)
+        if imported and os.path.isfile(imported):  # the temporary file _with_torchbay_config wrote, nothing else
+            os.remove(imported)
     if code:
         raise SystemExit(code)
