@@ -21,6 +21,13 @@ ALLOWED = {
         "members of Accelerate's DistributedType enum, which exist whatever plugins are installed "
         "(scripts compare accelerator.distributed_type with DistributedType.DEEPSPEED)",
 }
+#: core files that may name backends on every line, with why: the table of Accelerate names the Hugging Face
+#: libraries import that a published torchbay plugin serves (the placeholder for a missing plugin names it)
+ALLOWED_FILES = {
+    "core/torchbay/compat/resources/library_names.yaml":
+        "Accelerate's own names and the torchbay distributions that serve them, which do not depend on what is "
+        "installed (compat/ is the one room that maps Accelerate's surface, docs/architecture.md rule 12)",
+}
 SKIPPED_SUFFIXES = (".pyc", ".pyo", ".so")
 #: the plugin distributions torchbay publishes, by the name each registers: install hints name only these,
 #: never a distribution nobody published (data only: test_the_catalog_of_published_plugins_is_names_only)
@@ -44,6 +51,8 @@ def test_core_names_no_backend():
     hits, used = [], set()
     for path in _core_files():
         rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
+        if rel in ALLOWED_FILES:
+            continue
         for number, line in enumerate(open(path, encoding="utf-8"), 1):
             if BANNED.search(line):
                 if (rel, line.strip()) in ALLOWED:

@@ -26,7 +26,7 @@ RESOLVED_ENV = "TORCHBAY_RESOLVED_CONFIG"
 #: TORCHBAY_* variables that control torchbay itself rather than set config values
 CONTROL_ENV = {RESOLVED_ENV, CONFIG_FILE_ENV, "TORCHBAY_PLUGINS", "TORCHBAY_DISABLE_PLUGIN_AUTOLOAD",
                "TORCHBAY_BLOCK_PLUGINS", "TORCHBAY_LOG_LEVEL", "TORCHBAY_TEST_MARKER", "TORCHBAY_RUN_DIR",
-               "TORCHBAY_LAUNCHER_PID"}
+               "TORCHBAY_LAUNCHER_PID", "TORCHBAY_AS_ACCELERATE"}
 SOURCES = ("default", "file", "env", "cli", "args", "launcher")
 
 #: keys people carry over from other tools or older layouts: where they live now
@@ -97,6 +97,9 @@ class LaunchSection(Section):
     rdzv_id: str = Field("none", description="rendezvous job id, the same on every machine of a job")
     max_restarts: int = Field(0, ge=0)
     monitor_interval: float = Field(0.1, gt=0)
+    as_accelerate: bool = Field(False, description="the workers answer `import accelerate` with torchbay, for "
+                                                   "transformers/peft/trl/diffusers (TORCHBAY_AS_ACCELERATE=1 in "
+                                                   "their environment)")
 
 
 class PluginsSection(Section):

@@ -256,6 +256,10 @@ def prepare(resolved: ResolvedConfig, pm, *, environ: Mapping[str, str] | None =
     env.update(context.strategy_cls.launch_env(plan.nproc_per_node, resolved.config, device_cls))
     env = {key: str(value) for key, value in env.items()}
     env.update(cpu_threads_env(context, plan, os.environ if environ is None else environ))
+    if resolved.config.launch.as_accelerate:
+        from torchbay.compat.finder import SWITCH_ENV
+
+        env[SWITCH_ENV] = "1"
     env[RESOLVED_ENV] = resolved.to_json()
     return plan, context, env
 

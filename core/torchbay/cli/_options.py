@@ -22,7 +22,8 @@ from torchbay.errors import ConfigError
 #: sections whose keys get no prefix on the command line
 UNPREFIXED = ("launch", "tracking")  # --log-with, --logging-dir
 #: keys with no flag of their own (use --set)
-NO_FLAG: set[str] = {"compile.options"}  # a mapping: --set compile.options.<key>=VALUE
+NO_FLAG: set[str] = {"compile.options",  # a mapping: --set compile.options.<key>=VALUE
+                     "launch.as_accelerate"}  # a plain switch of `torchbay launch` (cli/launch.py)
 CONFIG_DESTS_ATTR = "_torchbay_config_dests"
 #: attribute of a generated flag's argparse action: the config field's annotation
 ANNOTATION_ATTR = "torchbay_annotation"

@@ -19,12 +19,17 @@ that failed first is named with its traceback.
 
 
 def register(subparsers) -> None:
-    from torchbay.cli._options import add_config_options
+    from torchbay.cli._options import CONFIG_DESTS_ATTR, add_config_options
 
     parser = subparsers.add_parser("launch", help="run a script in N processes (torchrun underneath)",
                                    usage="torchbay launch [options] [-m] TARGET [ARGS ...]",
                                    description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_options(parser, "launch")
+    parser.add_argument("--as-accelerate", dest="launch.as_accelerate", action="store_const", const=True,
+                        default=argparse.SUPPRESS,
+                        help="the workers answer `import accelerate` with torchbay, so transformers' Trainer, peft, "
+                             "trl and diffusers run on it unchanged (config key launch.as_accelerate)")
+    getattr(parser, CONFIG_DESTS_ATTR)["launch.as_accelerate"] = "--as-accelerate"
     parser.add_argument("-m", "--module", action="store_true", help="run TARGET as a module (python -m TARGET)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (each number with its source) and the torchrun command; start nothing")
