@@ -297,6 +297,22 @@ def test_torchbays_choices_where_they_differ_from_accelerate(tmp_path):
     assert torch.equal(model(IDS), want) and model.head.weight is model.embed.weight
 
 
+def test_a_compiled_offloaded_model_gives_the_eager_output_and_traces_no_hook():
+    """The hooks' work stays out of torch.compile's graphs (torch.compiler.disable once dynamo is loaded):
+    traced, each hook's weight moves would be captured and recompiled (8 graphs for these 3 calls, 2 without)."""
+    from torch._dynamo.utils import counters
+
+    model = net()
+    want = model(IDS)
+    torchbay.cpu_offload(model, execution_device="cpu")
+    compiled = torch.compile(model, backend="eager")
+    counters.clear()
+    outputs = [compiled(IDS) for _ in range(3)]
+    assert all(torch.equal(out, want) for out in outputs)
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+    assert all(p.is_meta for p in model.blocks[0].up.parameters())  # offloaded again after each call
+
+
 # --- the offload index, both forms ---------------------------------------------------------
 
 

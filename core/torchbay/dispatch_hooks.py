@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +34,22 @@ from torchbay.device_map import named_module_tensors
 from torchbay.operations import find_device, send_to_device
 
 _CPU = torch.device("cpu")
+
+
+def _not_traced(method):
+    """Keep torch.compile out of a hook's work (moving weights is not part of the model's graph), as
+    Accelerate does; ``torch.compiler.disable`` is applied only once dynamo is loaded, since loading it
+    takes seconds and a process that never compiles never needs it."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        if "torch._dynamo" not in sys.modules:
+            return method(*args, **kwargs)
+        if "disabled" not in wrapper.__dict__:
+            wrapper.disabled = torch.compiler.disable(method)
+        return wrapper.disabled(*args, **kwargs)
+
+    return wrapper
 
 
 # --- the hook protocol ---------------------------------------------------------------------
@@ -78,11 +95,13 @@ class SequentialHook(ModelHook):
             module = hook.init_hook(module)
         return module
 
+    @_not_traced
     def pre_forward(self, module, *args, **kwargs):
         for hook in self.hooks:
             args, kwargs = hook.pre_forward(module, *args, **kwargs)
         return args, kwargs
 
+    @_not_traced
     def post_forward(self, module, output):
         for hook in self.hooks:
             output = hook.post_forward(module, output)
@@ -266,6 +285,7 @@ class AlignDevicesHook(ModelHook):
                     _put(module, name, tensor.to(device), like=tensor)
         return module
 
+    @_not_traced
     def pre_forward(self, module, *args, **kwargs):
         if self.io_same_device:
             self.input_device = find_device([args, kwargs])
@@ -287,6 +307,7 @@ class AlignDevicesHook(ModelHook):
         for name, home in self.lent.items():
             _put(module, name, home.to(device), like=home)
 
+    @_not_traced
     def post_forward(self, module, output):
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
@@ -337,6 +358,7 @@ class CpuOffload(ModelHook):
     def init_hook(self, module):
         return module.to("cpu")
 
+    @_not_traced
     def pre_forward(self, module, *args, **kwargs):
         previous = self.prev_module_hook
         if isinstance(previous, UserCpuOffloadHook):
@@ -384,10 +406,12 @@ class LayerwiseCastingHook(ModelHook):
     def init_hook(self, module):
         return module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
 
+    @_not_traced
     def pre_forward(self, module, *args, **kwargs):
         module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
         return args, kwargs
 
+    @_not_traced
     def post_forward(self, module, output):
         module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
         return output
