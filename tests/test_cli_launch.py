@@ -204,8 +204,8 @@ def test_inside_an_allocation_each_task_becomes_its_rank(tmp_path):
     must not start more: each task becomes its rank, with the layout read from the allocation."""
     procs = []
     for rank in range(2):
-        env = _env(SLURM_JOB_ID="4242", SLURM_JOB_NAME="train", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank),
-                   SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NODELIST="node[3-4]")
+        env = _env(SLURM_JOB_ID="4242", SLURM_JOB_NAME="train", SLURM_STEP_ID="0", SLURM_PROCID=str(rank),
+                   SLURM_LOCALID=str(rank), SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NODELIST="node[3-4]")
         procs.append(subprocess.Popen([*TORCHBAY, "launch", str(SCRIPTS / "cli_env.py"), str(tmp_path)],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                       cwd=str(HERE)))
@@ -268,8 +268,8 @@ def test_single_machine_picks_a_free_port_like_torchrun(capsys):
 
 
 def test_slurm_one_launcher_per_machine(capsys, monkeypatch):
-    for k, v in dict(SLURM_JOB_ID="1234", SLURM_JOB_NAME="train", SLURM_PROCID="1", SLURM_NODEID="1",
-                     SLURM_LOCALID="0", SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="1", SLURM_NNODES="2",
+    for k, v in dict(SLURM_JOB_ID="1234", SLURM_JOB_NAME="train", SLURM_STEP_ID="0", SLURM_PROCID="1",
+                     SLURM_NODEID="1", SLURM_LOCALID="0", SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="1", SLURM_NNODES="2",
                      SLURM_JOB_NODELIST="gpu[07-08]").items():
         monkeypatch.setenv(k, v)
     code, out, _ = dry_run(capsys, "--nproc-per-node", "4")

@@ -30,18 +30,35 @@ class TorchrunEnvironment(ClusterEnvironment):
 
 
 class SlurmEnvironment(ClusterEnvironment):
-    """Started by ``srun``: one task per process."""
+    """Started by ``srun``: one task per process.
+
+    Only a task that ``srun`` started is a rank. SLURM also sets ``SLURM_PROCID=0`` and
+    ``SLURM_NTASKS`` (the allocation's task count) for the batch script of ``sbatch -n 2``, which
+    is one process, not rank 0 of 2; a shell under ``salloc`` has ``SLURM_NTASKS`` and no
+    ``SLURM_PROCID``. ``srun`` (and only ``srun``) sets ``SLURM_STEP_ID`` to the step's number,
+    which tells them apart; the batch, extern and interactive steps have reserved numbers near
+    2**32 instead. The job's name says nothing: ``srun -n 2 python train.py`` under
+    ``salloc`` runs in a job named ``interactive``, ``srun -n 2 bash -c ...`` in one named ``bash``.
+    The step's own counts (``SLURM_STEP_NUM_TASKS``, ``SLURM_STEP_TASKS_PER_NODE``,
+    ``SLURM_STEP_NODELIST``) come first: a step may use part of its allocation.
+    """
 
     name = "slurm"
     priority = 50
+    #: step ids at and above this are SLURM's reserved steps (batch script 0xfffffffb, extern
+    #: 0xfffffffc, salloc's interactive step 0xfffffffa...), not tasks started by srun
+    RESERVED_STEP_IDS = 0xFFFFFFF0
 
     @classmethod
     def detect(cls) -> bool:
-        return "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ and \
-            os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+        step = os.environ.get("SLURM_STEP_ID", os.environ.get("SLURM_STEPID"))
+        if "SLURM_PROCID" not in os.environ or step is None or not step.isdigit():
+            return False
+        return int(step) < cls.RESERVED_STEP_IDS and \
+            ("SLURM_STEP_NUM_TASKS" in os.environ or "SLURM_NTASKS" in os.environ)
 
     def world_size(self) -> int:
-        return int(os.environ["SLURM_NTASKS"])
+        return int(os.environ.get("SLURM_STEP_NUM_TASKS", os.environ.get("SLURM_NTASKS", "1")))
 
     def rank(self) -> int:
         return int(os.environ["SLURM_PROCID"])
@@ -50,6 +67,11 @@ class SlurmEnvironment(ClusterEnvironment):
         return int(os.environ.get("SLURM_LOCALID", "0"))
 
     def local_world_size(self) -> int:
+        node = int(os.environ.get("SLURM_NODEID", "0") or 0)
+        for key in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+            counts = tasks_per_node(os.environ.get(key, ""))
+            if counts:
+                return counts[min(node, len(counts) - 1)]
         tasks = os.environ.get("SLURM_NTASKS_PER_NODE", "")
         match = re.match(r"\d+", tasks)
         return int(match.group()) if match else self.world_size()
@@ -57,13 +79,26 @@ class SlurmEnvironment(ClusterEnvironment):
     def main_address(self) -> str:
         if "MASTER_ADDR" in os.environ:
             return os.environ["MASTER_ADDR"]
-        nodes = os.environ.get("SLURM_JOB_NODELIST", os.environ.get("SLURM_NODELIST", "127.0.0.1"))
-        return expand_first_host(nodes)
+        for key in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+            if os.environ.get(key):
+                return expand_first_host(os.environ[key])
+        return "127.0.0.1"
 
     def main_port(self) -> int:
         if "MASTER_PORT" in os.environ:
             return int(os.environ["MASTER_PORT"])
         return 10000 + int(os.environ.get("SLURM_JOB_ID", "0")[-4:] or 0)
+
+
+def tasks_per_node(value: str) -> list[int]:
+    """SLURM's compressed per-node counts, one per node: ``2(x3),1`` -> ``[2, 2, 2, 1]``."""
+    counts: list[int] = []
+    for part in filter(None, value.split(",")):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            return []
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
 
 
 def expand_first_host(nodelist: str) -> str:
