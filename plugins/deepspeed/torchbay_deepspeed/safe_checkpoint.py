@@ -43,6 +43,8 @@ def load_file(path: str | Path, trusted: bool, map_location: Any = "cpu") -> Any
 def install_safe_loader(engine, trusted: bool) -> None:
     """Make ``engine`` read its checkpoint files through :func:`load_file`."""
     checkpoint_engine = engine.checkpoint_engine
+    if checkpoint_engine is None:  # an engine without one (ZeRO-3 without optimizer) loads no checkpoint at all
+        return
 
     def load(path, map_location=None):
         return load_file(path, trusted, map_location)
