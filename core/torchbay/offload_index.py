@@ -194,14 +194,12 @@ def offload_weight(weight: torch.Tensor, weight_name: str, offload_folder: str |
     add its ``{"dtype", "shape"}`` entry to ``index`` (returned, as Accelerate does)."""
     folder = Path(offload_folder)
     dtype = dtype_name(weight.dtype)
-    if weight.dtype == torch.bfloat16:
-        weight = weight.view(torch.int16)  # numpy has no bfloat16: stored as its bits
-    elif dtype.startswith("float8_"):
-        weight = weight.view(torch.int8)
+    bits = {"bfloat16": torch.int16}.get(dtype, torch.int8 if dtype.startswith("float8_") else None)
+    if bits is not None:  # numpy has neither: stored as their bits, the index keeps the torch dtype
+        weight = weight.view(bits)
     array = weight.detach().cpu().numpy()
     if index is not None:
-        index[weight_name] = {"dtype": dtype if dtype in ("bfloat16",) or dtype.startswith("float8_")
-                              else str(array.dtype), "shape": list(array.shape)}
+        index[weight_name] = {"dtype": dtype if bits is not None else str(array.dtype), "shape": list(array.shape)}
     _claim(folder, [f"{weight_name}.dat"])
     # the raw C-order bytes a memory map reads back (Accelerate writes them through a memmap and msyncs each
     # file: an offload folder is scratch, and a plain write is several times faster)
