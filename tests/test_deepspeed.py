@@ -526,3 +526,29 @@ def test_state_deepspeed_plugin_of_a_run_configured_in_torchbay(tmp_path):
     assert before["optimizer"]["params"]["lr"] == "auto" and before["gradient_clipping"] == "auto"
     assert before["gradient_accumulation_steps"] == 1  # torchbay's value, already in
     assert result["engine_clip"] == 0.7 and result["warmup_max_lr"] == 0.02  # from the new config object
+
+
+def test_a_deepspeed_plugins_config_stands_where_the_json_stands(tmp_path):
+    from torchbay.config import resolve_config
+    from torchbay.plugins import PluginManager
+
+    from torchbay_deepspeed.config import PLUGIN_SOURCE, base_config
+
+    pm = PluginManager()
+
+    def resolved(**args):
+        return resolve_config(args={"strategy": "deepspeed", "device": "cpu", **args}, pm=pm, environ={})
+
+    plugin_cfg = {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 4, "train_batch_size": "auto"}
+    cfg, origins, problems = base_config(resolved(gradient_accumulation_steps=1), 2, plugin_cfg)
+    assert not problems and cfg["gradient_accumulation_steps"] == 4  # DeepSpeed's value wins, as in Accelerate
+    assert origins["zero_optimization.stage"] == PLUGIN_SOURCE
+    _, _, problems = base_config(resolved(**{"deepspeed.zero_stage": 3}), 2, plugin_cfg)
+    assert len(problems) == 1 and "is 2 in " + PLUGIN_SOURCE in problems[0] and "deepspeed.zero_stage" in problems[0]
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    with_file = resolved(**{"deepspeed.deepspeed_config_file": str(path)})
+    _, _, problems = base_config(with_file, 2, plugin_cfg)
+    assert "both give the DeepSpeed config" in problems[0]
+    # the plugin accelerator.state made from torchbay's own config already holds the file's values
+    assert base_config(with_file, 2, plugin_cfg, from_user_plugin=False)[2] == []

@@ -86,6 +86,8 @@ CASES = [
          ("--deepspeed", DS_ZERO3), processes=2),
     Case("Trainer: DeepSpeed ZeRO-3, save_steps, resume_from_checkpoint (the engine's own checkpoint)",
          "trainer_causal_lm.py", ("--deepspeed", DS_ZERO3, "--resume"), processes=2),
+    Case("Trainer: DeepSpeed ZeRO-2 bf16 (the JSON's bf16.enabled \"auto\" from TrainingArguments(bf16=True))",
+         "trainer_causal_lm.py", ("--deepspeed", DS_ZERO2, "--bf16"), bf16=True, extra_env=DEEPSPEED_ONE_PROCESS),
     Case("Trainer under `accelerate launch --use_deepspeed` (TrainingArguments makes DeepSpeedPlugin(), no JSON)",
          "trainer_causal_lm.py", processes=2, extra_env=(("ACCELERATE_USE_DEEPSPEED", "true"),)),
     Case("Trainer: DeepSpeed ZeRO-2 JSON without optimizer/scheduler (Trainer's AdamW and schedule), resume",
