@@ -12,6 +12,7 @@ import contextlib
 import copyreg
 import gc
 import weakref
+from pathlib import Path
 from typing import Any, Iterable
 
 import torch
@@ -264,15 +265,20 @@ class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
                                 f"these have not: {', '.join(bad)}")
         self._custom_objects.extend(objects)
 
-    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True,
-                   **save_model_func_kwargs: Any) -> str:
+    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, *,
+                   blocking: bool | None = None, **save_model_func_kwargs: Any) -> Any:
         """Save everything prepared (and registered) to ``output_dir``, atomically; see
-        docs/checkpoint-guarantees.md. Model weights go through ``checkpoint.io``."""
+        docs/checkpoint-guarantees.md. Model weights go through ``checkpoint.io``.
+
+        ``blocking=False``: the state at the call is copied and written in the background; returns
+        an :class:`~torchbay.checkpoint.async_save.AsyncSave` (``wait()``, ``done()``). Unset, it is
+        ``True`` except for automatic checkpoints with ``checkpoint.async_save: true``."""
         _refuse_unsupported("save_state", safe_serialization is not True and "safe_serialization=False",
                             "model weights are written by the checkpoint io (checkpoint.io), safetensors by default")
         _refuse_unsupported("save_state", save_model_func_kwargs and ", ".join(save_model_func_kwargs),
                             "torchbay does not pass arguments to a save function; set checkpoint.* instead")
-        return str(self._checkpointer.save(output_dir))
+        saved = self._checkpointer.save(output_dir, blocking)
+        return saved if not isinstance(saved, Path) else str(saved)
 
     def load_state(self, input_dir: str | None = None, load_kwargs: dict | None = None,
                    **load_model_func_kwargs: Any) -> str:
@@ -345,7 +351,15 @@ class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
 
     def end_training(self) -> None:
         """Finish the trackers (closing their files), then tear down the process group; call at
-        the end of a run (also done at exit)."""
+        the end of a run (also done at exit). A save still in flight is finished first (its
+        error is raised once the process group is torn down)."""
+        try:
+            self._checkpointer.finish_pending()
+            self._checkpointer.release_staging()
+        finally:
+            self._close_trackers_and_group()
+
+    def _close_trackers_and_group(self) -> None:
         try:
             self._finish_trackers()
         finally:

@@ -11,16 +11,19 @@ on one rank is agreed on by all ranks, so a failure anywhere is an error everywh
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from torchbay import checkpoint_dir as ckdir
+from torchbay.checkpoint.async_save import AsyncSave, Staged, StagingBuffer, completed
 from torchbay.checkpoint_dir import FORMAT_VERSION, MANIFEST  # noqa: F401  (MANIFEST is re-exported)
 from torchbay.errors import CheckpointError
 from torchbay.rng_state import capture_rng_state, restore_rng_state
@@ -51,6 +54,23 @@ def publish_model(state: dict[str, torch.Tensor], final: Path, max_shard_size: s
     return ModelFolder(final, what).save(state, max_shard_size, fields)
 
 
+@dataclass
+class _Parts:
+    """What one save writes: live objects (a synchronous save) or their copies (an asynchronous one)."""
+
+    models: list
+    optimizers: list
+    owners: list
+    rng: Any
+    rank_precision: Any
+    schedulers: list
+    custom: list
+    precision: Any
+    training_state: Any
+    extras: dict
+    manifest: dict | None  # the manifest's fields taken at the call (asynchronous saves)
+
+
 def _describe(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
 
@@ -61,6 +81,9 @@ class StateCheckpointer:
     def __init__(self, accelerator: Accelerator):
         self.acc = accelerator
         self._announced_continuation = False
+        self._pending: AsyncSave | None = None  # the asynchronous save in flight
+        self._stage: StagingBuffer | None = None  # reused by every asynchronous save
+        self._warned_sync: set[str] = set()
 
     @property
     def trusted(self) -> bool:
@@ -146,11 +169,21 @@ class StateCheckpointer:
         return Path(output_dir).absolute()
 
     # -- save --------------------------------------------------------------------------
-    def save(self, output_dir: str | None = None) -> Path:
+    def save(self, output_dir: str | None = None, blocking: bool | None = None) -> Path | AsyncSave:
+        """Save the state; with ``blocking=False`` (or ``checkpoint.async_save`` for automatic
+        checkpoints) copy it now and write it in the background (:mod:`torchbay.checkpoint.async_save`).
+
+        A save still in flight is finished first: never two writers, and the staging buffer is free.
+        """
         acc = self.acc
+        self.finish_pending()
+        if blocking is None:
+            blocking = not (acc.config.checkpoint.async_save and acc.config.project.automatic_checkpoint_naming
+                            and output_dir is None)
         if not acc.gradient_state.sync_gradients:
             log.warning("save_state is called inside a gradient accumulation window: the gradients accumulated so "
                         "far are not saved; save after a step where accelerator.sync_gradients is True")
+        background = not blocking and self._can_save_in_background()
 
         def open_target() -> Path:
             final = self.target_for_save(output_dir)
@@ -166,50 +199,175 @@ class StateCheckpointer:
             if acc.is_main_process:
                 ckdir.discard_partial(partial)
 
+        if background:
+            return self._save_in_background(final, partial, discard)
+
         def write() -> dict:
-            return ckdir.record_files(partial, self._write_parts(partial))
+            return self._write_recorded(partial, self._capture(None))
 
         records_per_rank = self.on_every_rank("save_state", write, cleanup=discard, share=True)
+        self._main_only("save_state", lambda: self._publish(final, partial, records_per_rank, None), cleanup=discard)
+        self._after_publish(final)
+        return final if blocking else completed(final)
 
-        def publish() -> None:
-            records = {name: rec for recs in records_per_rank for name, rec in recs.items()}
-            ckdir.write_manifest(partial, self._manifest("state", records))
-            ckdir.publish(partial, final)
-            self._rotate()
+    def _write_recorded(self, partial: Path, parts: _Parts) -> dict:
+        return ckdir.record_files(partial, self._write_parts(partial, parts))
 
-        self._main_only("save_state", publish, cleanup=discard)
-        if acc.config.project.automatic_checkpoint_naming:
-            acc.save_iteration = int(final.name.split("_")[1]) + 1
-        return final
+    def _publish(self, final: Path, partial: Path, records_per_rank: list[dict], manifest: dict | None) -> None:
+        """Main process: the manifest (``manifest``: the fields taken at the call), the rename, rotation."""
+        records = {name: rec for recs in records_per_rank for name, rec in recs.items()}
+        manifest = self._manifest("state", records) if manifest is None else {**manifest, "files": records}
+        ckdir.write_manifest(partial, manifest)
+        ckdir.publish(partial, final)
+        self._rotate()
 
-    def _owners(self) -> list[int | None]:
-        """Which prepared model each prepared optimizer updates (see ``Strategy.save_checkpoint``)."""
-        return optimizer_owners(self.acc._models, self.acc._optimizers)
+    def _after_publish(self, final: Path) -> None:
+        if self.acc.config.project.automatic_checkpoint_naming and AUTOMATIC_NAME.fullmatch(final.name):
+            self.acc.save_iteration = int(final.name.split("_")[1]) + 1
 
-    def _write_parts(self, directory: Path) -> list[str]:
+    # -- asynchronous save ------------------------------------------------------------
+    def _can_save_in_background(self) -> bool:
         acc = self.acc
-        rank = acc.process_index
-        files = acc.strategy.save_checkpoint(directory, acc._models, acc._optimizers, acc.checkpoint_io,
-                                             owners=self._owners())
-        files.append(_torch_save(capture_rng_state(acc.device_backend), directory / f"rng_state_{rank}.pt"))
-        rank_precision = acc.precision.rank_state_dict()
-        if rank_precision is not None:
-            files.append(_torch_save(rank_precision, directory / f"precision_rank_{rank}.pt"))
-        if acc.is_main_process:
-            for i, scheduler in enumerate(acc._schedulers):
-                files.append(_torch_save(scheduler.state_dict(), directory / f"scheduler_{i}.pt"))
-            for i, obj in enumerate(acc._custom_objects):
-                files.append(_torch_save(obj.state_dict(), directory / f"custom_checkpoint_{i}.pt"))
-            files.append(_torch_save(acc.precision.state_dict(), directory / "precision.pt"))
-            files.append(_torch_save(acc._training_state(), directory / "training_state.pt"))
-        extras = {}
+        why = None
+        if not getattr(acc.strategy, "async_checkpoint", False):
+            why = f"the {acc.strategy.name} strategy writes its checkpoint itself"
+        elif acc.checkpoint_io.collective and acc.num_processes > 1:
+            why = (f"checkpoint.io '{acc.checkpoint_io.name}' writes with collectives, which must not run beside "
+                   f"the training loop's")
+        if why is not None:
+            if why not in self._warned_sync:
+                self._warned_sync.add(why)
+                log.warning("torchbay: save_state(blocking=False) saves synchronously here: %s", why)
+            return False
+        return True
+
+    def _staging(self) -> StagingBuffer:
+        if self._stage is None:
+            self._stage = StagingBuffer(pin_memory=bool(getattr(self.acc.device_backend, "pinned_staging", False)))
+        return self._stage
+
+    def _save_in_background(self, final: Path, partial: Path, discard: Callable[[], None]) -> AsyncSave:
+        acc = self.acc
+        stage = self._staging()
+
+        def capture() -> _Parts:
+            stage.begin()
+            parts = self._capture(stage)
+            stage.finish(acc.device_backend.synchronize)
+            return parts
+
+        parts = self.on_every_rank("save_state", capture, cleanup=discard)  # the state at the call, on every rank
+        single = acc.num_processes == 1
+        handle = AsyncSave(final, self._finish_background)
+        handle.publishes_itself = single
+        handle._discard = discard
+        handle.manifest = parts.manifest
+
+        def work() -> None:
+            try:
+                handle.local_records = self._write_recorded(partial, parts)
+                if single:  # nothing to agree on: the writer publishes (same code as a synchronous save)
+                    self._publish(final, partial, [handle.local_records], parts.manifest)
+                    handle._published = True
+            except BaseException:
+                if single:
+                    with contextlib.suppress(Exception):
+                        discard()
+                raise
+
+        self._pending = handle
+        handle.start(work)
+        return handle
+
+    def _finish_background(self, handle: AsyncSave) -> None:
+        """Main thread of every rank: wait for the writer, agree, publish (several processes)."""
+        if self._pending is handle:
+            self._pending = None
+        handle.join()
+        if handle.publishes_itself:
+            if handle.error is not None and not isinstance(handle.error, CheckpointError):
+                handle.error = CheckpointError(f"save_state to {handle.path} failed: {_describe(handle.error)}")
+        else:
+            partial, _ = ckdir.siblings(handle.path)
+
+            def written() -> dict:
+                if handle.error is not None:
+                    raise handle.error
+                return handle.local_records
+
+            try:
+                records_per_rank = self.on_every_rank("save_state", written, cleanup=handle._discard, share=True)
+                manifest = handle.manifest if self.acc.is_main_process else None
+                self._main_only("save_state", lambda: self._publish(handle.path, partial, records_per_rank, manifest),
+                                cleanup=handle._discard)
+                handle._published = True
+                handle.error = None
+            except CheckpointError as exc:
+                handle.error = exc
+        if handle.error is None:
+            self._after_publish(handle.path)
+
+    def finish_pending(self) -> None:
+        """Finish the save in flight, if any (every rank calls it at the same point); its error is raised."""
+        handle, self._pending = self._pending, None
+        if handle is not None:
+            handle.wait()
+
+    def release_staging(self) -> None:
+        self._stage = None
+
+    def _capture(self, stage: StagingBuffer | None) -> _Parts:
+        """What a checkpoint holds: the live objects (``stage`` is ``None``: written now) or a copy of
+        their state in ``stage`` (written later by the background thread)."""
+        acc = self.acc
+        copy = (lambda obj, _: obj) if stage is None else stage.copy
+        main = acc.is_main_process
+        owners = self._owners()
+        if stage is None:
+            models, optimizers = acc._models, acc._optimizers
+        else:
+            models = [Staged(copy(acc.strategy.model_state_dict(m), f"model_{i}")) for i, m in enumerate(acc._models)]
+            optimizers = [Staged(copy(o.state_dict(), f"optimizer_{i}")) if acc.process_index == 0 else o
+                          for i, o in enumerate(acc._optimizers)]
+        extras: dict = {}
         for extra in acc.pm.hook.torchbay_state_extra(context=acc.context):
             clash = set(extras) & set(extra or {})
             if clash:
                 raise CheckpointError(f"two plugins save the same extra state key(s) {sorted(clash)}")
             extras.update(extra or {})
-        if extras:
-            files.append(_torch_save(extras, directory / f"plugin_state_{rank}.pt"))
+        return _Parts(
+            models=models, optimizers=optimizers, owners=owners,
+            rng=copy(capture_rng_state(acc.device_backend), "rng"),
+            rank_precision=copy(acc.precision.rank_state_dict(), "precision_rank"),
+            schedulers=[copy(s.state_dict(), f"scheduler_{i}") for i, s in enumerate(acc._schedulers)] if main else [],
+            custom=[copy(o.state_dict(), f"custom_{i}") for i, o in enumerate(acc._custom_objects)] if main else [],
+            precision=copy(acc.precision.state_dict(), "precision") if main else None,
+            training_state=copy(acc._training_state(), "training_state") if main else None,
+            extras=copy(extras, "extras"),
+            manifest=self._manifest("state", {}) if stage is not None and main else None,
+        )
+
+    def _owners(self) -> list[int | None]:
+        """Which prepared model each prepared optimizer updates (see ``Strategy.save_checkpoint``)."""
+        return optimizer_owners(self.acc._models, self.acc._optimizers)
+
+    def _write_parts(self, directory: Path, parts: _Parts) -> list[str]:
+        acc = self.acc
+        rank = acc.process_index
+        files = acc.strategy.save_checkpoint(directory, parts.models, parts.optimizers, acc.checkpoint_io,
+                                             owners=parts.owners)
+        files.append(_torch_save(parts.rng, directory / f"rng_state_{rank}.pt"))
+        if parts.rank_precision is not None:
+            files.append(_torch_save(parts.rank_precision, directory / f"precision_rank_{rank}.pt"))
+        if acc.is_main_process:
+            for i, state in enumerate(parts.schedulers):
+                files.append(_torch_save(state, directory / f"scheduler_{i}.pt"))
+            for i, state in enumerate(parts.custom):
+                files.append(_torch_save(state, directory / f"custom_checkpoint_{i}.pt"))
+            files.append(_torch_save(parts.precision, directory / "precision.pt"))
+            files.append(_torch_save(parts.training_state, directory / "training_state.pt"))
+        if parts.extras:
+            files.append(_torch_save(parts.extras, directory / f"plugin_state_{rank}.pt"))
         return files
 
     def _manifest(self, kind: str, files: dict[str, dict]) -> dict[str, Any]:
@@ -268,6 +426,7 @@ class StateCheckpointer:
 
     def load(self, input_dir: str | None = None) -> Path:
         acc = self.acc
+        self.finish_pending()  # a save in flight is published (or has failed) before anything is read
         directory = self._main_only("load_state", lambda: self.target_for_load(input_dir))
         from torchbay.compat.accelerate_checkpoint import is_accelerate_state, load_accelerate_state
 

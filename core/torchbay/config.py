@@ -83,6 +83,9 @@ class CheckpointSection(Section):
                                             "loading (turn off only for very large checkpoints on trusted storage)")
     allow_unsafe_pickle: bool = Field(False, description="load pickled Python objects from checkpoints: this RUNS "
                                                          "CODE from the files; only for checkpoints you wrote yourself")
+    async_save: bool = Field(False, description="automatic checkpoints (save_state() with project."
+                                                "automatic_checkpoint_naming) are written in the background, as "
+                                                "save_state(blocking=False): the state is copied in the call")
 
 
 class LaunchSection(Section):

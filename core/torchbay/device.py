@@ -49,6 +49,9 @@ class DeviceBackend:
     #: share of each device's total memory that big-model placement (``device_map="auto"``)
     #: leaves free for activations, the allocator's cache and the runtime
     placement_headroom: ClassVar[float] = 0.10
+    #: whether host memory can be page-locked for this device: an asynchronous save's staging
+    #: copy is then pinned (faster, non-blocking copies from the device)
+    pinned_staging: ClassVar[bool] = True
 
     def __init__(self, local_rank: int = 0):
         self.load_runtime()

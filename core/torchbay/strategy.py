@@ -100,6 +100,11 @@ class Strategy:
     parallel_dims: ClassVar[tuple[str, ...]] = ()
     #: how many of this strategy's latest collective works are kept referenced (see _wait)
     held_works: ClassVar[int] = 2
+    #: whether ``save_state(blocking=False)`` may copy the state in the call and run this strategy's
+    #: ``save_checkpoint`` in a background thread on the copy (each model and optimizer replaced by
+    #: an object whose ``state_dict()`` is the copy); needs a ``save_checkpoint`` that issues no
+    #: collective. Otherwise such a save is synchronous, with a warning.
+    async_checkpoint: ClassVar[bool] = False
     _held: Any = ()
 
     def __getstate__(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ class CPUBackend(DeviceBackend):
     device_type = "cpu"
     priority = 0
     one_process_per_device = False
+    pinned_staging = False  # the state is in host memory already: nothing to pin for
 
     def __init__(self, local_rank: int = 0):
         self.index = 0

@@ -19,6 +19,7 @@ class SingleStrategy(Strategy):
 
     name = "single"
     multi_process = False
+    async_checkpoint = True
 
 
 class DDPStrategy(Strategy):
@@ -26,6 +27,7 @@ class DDPStrategy(Strategy):
 
     name = "ddp"
     parallel_dims = ("dp_replicate",)  # parallelism.dp_replicate_size = the world size: plain DDP
+    async_checkpoint = True  # the default save_checkpoint: no collective, rank 0 writes the full state
 
     def __init__(self, context):
         super().__init__(context)
