@@ -238,3 +238,17 @@ def test_the_plugin_hints_cover_every_accelerate_name_the_in_tree_plugins_answer
             setup.read(os.path.join(fragment.split(os.sep + "torchbay_")[0], "setup.cfg"))
             answered.setdefault(setup["metadata"]["name"], set()).update(names)
     assert {k: set(v) for k, v in hints.items()} == answered
+
+
+def test_patching_an_accelerate_function_patches_the_torchbay_function_that_answers_for_it():
+    """transformers' skip_device_map_check sets accelerate.big_modeling.check_device_map for a while."""
+    seen = _python("""
+    import json, accelerate.big_modeling, torchbay.big_modeling
+    original = torchbay.big_modeling.check_device_map
+    accelerate.big_modeling.check_device_map = lambda *a, **k: "patched"
+    patched = torchbay.big_modeling.check_device_map() == "patched"
+    accelerate.big_modeling.check_device_map = original
+    restored = torchbay.big_modeling.check_device_map is original
+    print(json.dumps({"patched": patched, "restored": restored}))
+    """, switch=True)
+    assert seen == {"patched": True, "restored": True}

@@ -104,6 +104,21 @@ class _StandIn(types.ModuleType):
         except AttributeError as missing:
             raise AttributeError(_reason(self.__name__, name, missing), name=name, obj=self) from None
 
+    def __setattr__(self, name: str, value) -> None:
+        """A library that patches an Accelerate function (``accelerate.big_modeling.check_device_map = ...``)
+        patches the torchbay function that answers for it, as it would patch Accelerate's own module."""
+        target = importlib.import_module(self._torchbay_target) if not name.startswith("__") else None
+        if target is not None and name in vars(target) and not isinstance(value, types.ModuleType):
+            setattr(target, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in self.__dict__:
+            super().__delattr__(name)
+        else:
+            delattr(importlib.import_module(self._torchbay_target), name)
+
     def __dir__(self):
         return sorted(set(dir(importlib.import_module(self._torchbay_target))) | set(self.__dict__))
 
