@@ -17,7 +17,11 @@ the high-water mark of resident memory above the start during the load), so that
 pays for another's garbage. Before every load the weights and optimizer state are changed;
 after it they must equal what was saved, bit for bit (the benchmark stops if not).
 
+An asynchronous table comes first: a 24-step loop with a save every 6 steps, synchronous saves
+against ``save_state(blocking=False)`` (the stall inside the call, and the time each adds to the loop).
+
     python benchmarks/bench_checkpoint.py [--mb 200] [--rounds 7] [--memory-rounds 3]
+                                          [--async-mb 100] [--async-rounds 3] [--only sync|async]
 """
 
 from __future__ import annotations
@@ -31,11 +35,12 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (Path, accelerate_available, interleaved, peak_rss_above_start, python_child, report,  # noqa: E402
+from common import (RESULTS_ENV, Path, accelerate_available, interleaved, peak_rss_above_start, python_child, report,  # noqa: E402
                     timed)
 
 WIDTH = 1024
@@ -137,6 +142,76 @@ def child(contender: str, mb: str, directory: str, expected: str) -> None:
     print(json.dumps({"peak": peak}))
 
 
+def async_table(mb: int, rounds: int, steps: int = 24, every: int = 6) -> None:
+    """A training loop of ``steps`` steps with a save every ``every``: no save, synchronous saves,
+    ``save_state(blocking=False)``. Per save, the time inside the call (the stall); per loop, the
+    time added to the no-save loop, the last save waited for (published) inside the loop's time."""
+    from torchbay import Accelerator
+
+    work = tempfile.mkdtemp(prefix="bench_checkpoint_async_", dir=os.environ.get("BENCH_DIR"))
+    variants = ("no save", "sync save", "async save")
+    objects = {}
+    for name in variants:
+        model, optimizer = build(mb)
+        acc = Accelerator()
+        objects[name] = (*acc.prepare(model, optimizer), acc)
+    batch = torch.randn(16, WIDTH)
+    stalls: dict[str, list[float]] = {n: [] for n in variants}
+    loops: dict[str, list[float]] = {n: [] for n in variants}
+
+    def loop(name: str) -> None:
+        model, optimizer, acc = objects[name]
+        os.sync()
+        handle = None
+        start = time.perf_counter()
+        for i in range(1, steps + 1):
+            acc.backward(model(batch).pow(2).mean())
+            optimizer.step()
+            optimizer.zero_grad()
+            if i % every == 0 and name != "no save":
+                directory = os.path.join(work, f"{name.split()[0]}_{(i // every) % 2}")
+                call = time.perf_counter()
+                handle = acc.save_state(directory, blocking=name == "sync save")
+                stalls[name].append(time.perf_counter() - call)
+        if handle is not None and not isinstance(handle, str):
+            handle.wait()  # the loop ends with its last checkpoint published
+        loops[name].append(time.perf_counter() - start)
+
+    try:
+        for name in variants:  # warm-up: page cache, allocator, the staging buffer's first allocation
+            loop(name)
+        for name in variants:
+            stalls[name].clear()
+            loops[name].clear()
+        for _ in range(rounds):
+            for name in variants:
+                loop(name)
+    finally:
+        for _, _, acc in objects.values():
+            acc.end_training()
+        shutil.rmtree(work, ignore_errors=True)
+
+    base = statistics.median(loops["no save"])
+    added = {n: statistics.median(loops[n]) - base for n in variants[1:]}
+    stall = {n: statistics.median(stalls[n]) for n in variants[1:]}
+    size = sum(p.numel() for p in objects["no save"][0].parameters()) * 4 / 2**20
+    lines = [f"### Checkpoints: asynchronous save_state (blocking=False)", "",
+             f"Model {size:.0f} MiB (Linear({WIDTH}) layers) + AdamW state {2 * size:.0f} MiB, 1 process, 1 thread; "
+             f"{steps} steps with a save every {every}, into two folders in turn (each save replaces a checkpoint); "
+             f"the loop's time includes waiting for its last save to be published. Medians over {rounds} "
+             f"interleaved rounds after one warm-up round.", "",
+             "| path | sync save | async save | async / sync | target |", "|---|---|---|---|---|",
+             f"| time inside the save call (stall) | {stall['sync save']:.3f} s | {stall['async save']:.3f} s | "
+             f"{stall['async save'] / stall['sync save']:.2f}x | <= 0.25x |",
+             f"| loop time added to {base:.2f} s without saves | {added['sync save']:.3f} s | "
+             f"{added['async save']:.3f} s | {added['async save'] / added['sync save']:.2f}x | <= 0.50x |", ""]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    if os.environ.get(RESULTS_ENV):
+        with open(os.environ[RESULTS_ENV], "a") as out:
+            out.write(json.dumps({"title": "Checkpoints: asynchronous save_state", "markdown": text}) + "\n")
+
+
 CHILD = "import sys; sys.path.insert(0, 'benchmarks'); import bench_checkpoint as b; b.child(*sys.argv[1:])"
 
 
@@ -147,8 +222,15 @@ def main():
     parser.add_argument("--memory-rounds", type=int, default=3, help="rounds of fresh-process loads")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first (a VM's page cache "
                         "is slow to write into memory it has never touched)")
+    parser.add_argument("--async-mb", type=int, default=100, help="model size of the asynchronous-save table")
+    parser.add_argument("--async-rounds", type=int, default=3, help="rounds of the asynchronous-save table")
+    parser.add_argument("--only", choices=("sync", "async"), help="only one of the tables")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.only != "sync":
+        async_table(args.async_mb, args.async_rounds)
+    if args.only == "async":
+        return
     names = ["raw"] + (["accelerate"] if accelerate_available() else []) + ["torchbay"]
     objects = {name: prepared(name, args.mb) for name in names}
     # the same prepared objects, loaded without the checksum verification

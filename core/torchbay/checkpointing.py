@@ -326,7 +326,9 @@ class StateCheckpointer:
         if stage is None:
             models, optimizers = acc._models, acc._optimizers
         else:
-            models = [Staged(copy(acc.strategy.model_state_dict(m), f"model_{i}")) for i, m in enumerate(acc._models)]
+            writes_models = acc.checkpoint_io.collective or acc.process_index == 0  # as Strategy.save_checkpoint
+            models = [Staged(copy(acc.strategy.model_state_dict(m), f"model_{i}") if writes_models else {})
+                      for i, m in enumerate(acc._models)]
             optimizers = [Staged(copy(o.state_dict(), f"optimizer_{i}")) if acc.process_index == 0 else o
                           for i, o in enumerate(acc._optimizers)]
         extras: dict = {}
