@@ -137,7 +137,7 @@ def test_srun_torchbay_launch_under_salloc(slurm):
     assert "2 processes on 1 machine" in proc.stderr and "slurm allocation" in proc.stderr
 
 
-def test_sbatch_one_task_per_process_and_one_launcher_per_machine(slurm):
+def test_sbatch_one_task_per_process_and_one_launcher_per_machine(slurm, monkeypatch):
     """A batch script (``sbatch -n 2``), as docs/fault-tolerance.md shows it: ``srun python train.py``
     (one task per rank), then ``srun --ntasks-per-node=1 torchbay launch --nproc-per-node 2`` (one
     launcher for the machine, torchrun starts the ranks). The batch script itself is not a task:
@@ -152,15 +152,26 @@ def test_sbatch_one_task_per_process_and_one_launcher_per_machine(slurm):
 #SBATCH --job-name=torchbay-test
 #SBATCH --output={out}
 set -e
-{python} -c "from torchbay.builtin.cluster import SlurmEnvironment as S; print('BATCH STEP IS A RANK:', S.detect())"
+env | grep ^SLURM_ > {directory}/batch_step.env
+echo "STEP 1 $(date +%s.%N)"
 srun {python} {TRAIN} --out {directory} --tag sbatch
+echo "STEP 2 $(date +%s.%N)"
 srun --ntasks=1 --ntasks-per-node=1 torchbay launch --nproc-per-node 2 {TRAIN} --out {directory} --tag launcher
-echo BATCH DONE
+echo "BATCH DONE $(date +%s.%N)"
 """)
     proc = _run(["sbatch", "--wait", str(batch)], env, directory)
     output = out.read_text() if out.exists() else ""
     assert proc.returncode == 0, proc.stdout + proc.stderr + output
-    assert "BATCH STEP IS A RANK: False" in output and "BATCH DONE" in output, output
+    assert "BATCH DONE" in output, output
+    print("".join(line + "\n" for line in output.splitlines() if line.startswith(("STEP", "BATCH DONE"))), end="")
+    # the batch script's own variables, as SLURM set them: not a rank (before: rank 0 of 2)
+    batch_env = dict(line.split("=", 1) for line in (directory / "batch_step.env").read_text().splitlines())
+    assert (batch_env["SLURM_PROCID"], batch_env["SLURM_NTASKS"]) == ("0", "2")
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(key)
+    for key, value in batch_env.items():
+        monkeypatch.setenv(key, value)
+    assert not SlurmEnvironment.detect()
     results = _results(directory, "sbatch")
     _check_trained_as_one_job(results, cluster="slurm")
     assert {r["slurm"]["SLURM_JOB_NAME"] for r in results} == {"torchbay-test"}

@@ -74,6 +74,8 @@ EOF
 )
 [ -n "${SLURMD_PORT:-}" ] || fail 4 "could not find two free TCP ports"
 HOST="$(hostname -s)"
+# a job's ranks meet at the first node's name (torchbay's MASTER_ADDR), as on a real cluster
+getent hosts "$HOST" >/dev/null || fail 4 "this machine's name '$HOST' does not resolve (getent hosts $HOST); ranks meet at the node's name: add it to /etc/hosts"
 CPUS="$(nproc)"; [ "$CPUS" -lt 2 ] && CPUS=2
 # job ids start at a random number: torchbay derives a job's default port from the id's last 4 digits
 FIRST_JOB_ID=$(( (RANDOM % 9000) * 10 + 1000 ))
