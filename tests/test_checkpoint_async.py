@@ -259,3 +259,15 @@ def test_two_ranks_publish_together_and_a_failure_on_one_rank_is_an_error_on_bot
         assert r["last_done"] and r["last_published"]
     manifest = json.loads((ckpt / "good" / ckdir.MANIFEST).read_text())
     assert {"rng_state_0.pt", "rng_state_1.pt", "optimizer_0.pt"} <= set(manifest["files"])
+
+
+@pytest.mark.multiprocess
+def test_fsdp_saves_synchronously_with_one_warning(tmp_path, script):
+    pytest.importorskip("torchbay_fsdp")
+    ckpt, out = tmp_path / "ck", tmp_path / "out"
+    out.mkdir()
+    run_torchrun(script("async_save_worker.py"), 2, ["--mode", "fsdp", "--ckpt", str(ckpt), "--out", str(out)],
+                 timeout=300).check()
+    for r in (json.loads((out / f"result_rank{r}.json").read_text()) for r in range(2)):
+        assert r["done_at_return"] and r["published"]
+        assert len(r["warnings"]) == 1 and "the fsdp strategy writes its checkpoint itself" in r["warnings"][0]

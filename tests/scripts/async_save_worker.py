@@ -6,6 +6,7 @@ Modes:
   exit      an async save whose writer is slowed, then the script ends without wait()
   ranks     2 processes: async save, train on, wait, load, compare to the state at the call;
             then a save whose writer fails on rank 1 only: both ranks get the error
+  fsdp      2 processes, strategy fsdp: blocking=False saves synchronously, with one warning
 """
 
 import argparse
@@ -141,6 +142,31 @@ elif args.mode == "ranks":
     result["last_done"] = handle.done()
     result["last_published"] = os.path.exists(os.path.join(args.ckpt, "last", ckdir.MANIFEST))
     with open(os.path.join(args.out, f"result_rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+elif args.mode == "fsdp":
+    import logging
+
+    messages = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    logging.getLogger("torchbay").addHandler(Keep())
+    acc = Accelerator(strategy="fsdp")
+    model, opt = build(acc, width=32, layers=2)
+    for _ in range(2):
+        acc.backward(model(torch.randn(8, 32)).pow(2).mean())
+        opt.step()
+        opt.zero_grad()
+    first = acc.save_state(os.path.join(args.ckpt, "a"), blocking=False)
+    done_at_return = first.done()
+    acc.save_state(os.path.join(args.ckpt, "b"), blocking=False).wait()
+    acc.load_state(os.path.join(args.ckpt, "a"))
+    result = {"done_at_return": done_at_return, "published": os.path.exists(os.path.join(args.ckpt, "a", ckdir.MANIFEST)),
+              "warnings": [m for m in messages if "saves synchronously here" in m]}
+    acc.end_training()
+    with open(os.path.join(args.out, f"result_rank{acc.process_index}.json"), "w") as f:
         json.dump(result, f)
 else:
     sys.exit(f"unknown mode {args.mode}")
