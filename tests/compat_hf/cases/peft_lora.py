@@ -27,6 +27,7 @@ def main() -> None:
     losses = [round(e["loss"], 6) for e in trainer.state.log_history if "loss" in e]
     adapter_dir = os.path.join(out_dir, "adapter")
     trainer.save_model(adapter_dir)
+    trainer.accelerator.wait_for_everyone()  # the main process writes it; every rank reads it back below
     probe = TokenDataset(4, seed=5).ids
     model.eval()
     with torch.no_grad():
