@@ -109,8 +109,13 @@ def test_the_staging_buffer_is_reused_and_a_second_save_waits_for_the_first(tmp_
     step(acc, model, opt, sched)
     first = acc.save_state(str(tmp_path / "a"), blocking=False)
     buffers = {id(t) for t in acc._checkpointer._stage._buffers.values()}
+    first.wait()
     step(acc, model, opt, sched)
     expected = snapshot(model, opt, sched, Counter())
+    gate = Gate(monkeypatch)
+    first = acc.save_state(str(tmp_path / "a"), blocking=False)
+    assert gate.reached.wait(30) and not first.done()
+    threading.Timer(0.5, gate.open).start()
     second = acc.save_state(str(tmp_path / "a"), blocking=False)  # the same folder: never two writers on it
     assert first.done()  # the second call returned only once the first was published
     third = acc.save_state(str(tmp_path / "b"), blocking=False)
