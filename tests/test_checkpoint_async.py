@@ -276,3 +276,27 @@ def test_fsdp_saves_synchronously_with_one_warning(tmp_path, script):
     for r in (json.loads((out / f"result_rank{r}.json").read_text()) for r in range(2)):
         assert r["done_at_return"] and r["published"]
         assert len(r["warnings"]) == 1 and "the fsdp strategy writes its checkpoint itself" in r["warnings"][0]
+
+
+def test_the_staging_buffer_keeps_ties_and_metadata_and_reuses_its_tensors():
+    from torchbay.checkpoint.async_save import StagingBuffer
+
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    model[1].weight = model[0].weight  # tied
+    stage = StagingBuffer(pin_memory=False)
+    stage.begin()
+    copy = stage.copy(model.state_dict(), "m")
+    stage.finish(lambda: None)
+    assert copy["0.weight"] is copy["1.weight"] and copy["0.weight"].data_ptr() != model[0].weight.data_ptr()
+    assert copy._metadata == model.state_dict()._metadata and torch.equal(copy["0.weight"], model[0].weight)
+    before = copy["0.weight"]
+    with torch.no_grad():
+        model[0].weight.add_(1)
+    stage.begin()
+    again = stage.copy(model.state_dict(), "m")
+    stage.finish(lambda: None)
+    assert again["0.weight"] is before and torch.equal(before, model[0].weight)  # reused, refreshed
+    stage.begin()
+    other = stage.copy({"0.weight": torch.ones(3)}, "m")  # a new shape: a new buffer, the old one dropped
+    stage.finish(lambda: None)
+    assert other["0.weight"] is not before and stage.nbytes() == 12
