@@ -102,8 +102,10 @@ CASES = [
     Case("trl CLI: `trl sft` (its accelerate launch)", "trl_cli.py", ("--multi_gpu", "--num_processes", "2"),
          processes=2, launches_itself=True),
     Case("diffusers: unconditional UNet2D loop, EMA, save/load_state, pipeline", "diffusers_unconditional.py"),
+    # (Accelerate's own Accelerator() starts a multi-process CPU run only with ACCELERATE_USE_CPU, as
+    # `accelerate launch --cpu` sets it; without it each rank trains alone. torchbay reads no ACCELERATE_* variable.)
     Case("diffusers: unconditional UNet2D loop, EMA, save/load_state, pipeline", "diffusers_unconditional.py",
-         processes=2),
+         processes=2, extra_env=(("ACCELERATE_USE_CPU", "true"),)),
 ]
 
 
@@ -223,7 +225,7 @@ def part_names() -> list[str]:
             "            except Exception:\n"
             "                try: importlib.import_module(f'{module}.{a}')\n"
             "                except Exception as e: bad.append(f'{library}: {module}.{a}: {e}')\n"
-            "say(count); say('\\n'.join(bad))\n")
+            "print(count); print('\\n'.join(bad))\n")
     done = subprocess.run([sys.executable, "-c", code], env=_env(True, Case("", "")), capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
