@@ -359,7 +359,10 @@ def test_ranks_in_different_collectives_are_named_with_their_call_sites(tmp_path
                     r"called at cli_hang\.py:\d+ in sum_losses; rank 1 in torch\.distributed\.all_gather called at "
                     r"cli_hang\.py:\d+ in collect_metrics; every rank must enter the same collectives", head), report
     assert "Traceback" not in result.stderr[:result.stderr.index("torchbay launch: ")]
-    assert "how each rank ended: rank 0 (exit code 1" in report and "; rank 1 (exit code 1" in report
+    # each rank times out in its own collective; under load the launcher may stop the second before it exits itself
+    ended = re.search(r"how each rank ended: (.*)", report)
+    assert ended and re.search(r"rank 0 \((exit code 1|stopped)", ended.group(1)) and \
+        re.search(r"rank 1 \((exit code 1|stopped)", ended.group(1)), report
     assert not processes_mentioning(str(tmp_path))
 
 
