@@ -267,15 +267,17 @@ def test_two_ranks_publish_together_and_a_failure_on_one_rank_is_an_error_on_bot
 
 
 @pytest.mark.multiprocess
-def test_fsdp_saves_synchronously_with_one_warning(tmp_path, script):
+def test_fsdp2_saves_in_the_background_with_dcp_async_save(tmp_path, script):
     pytest.importorskip("torchbay_fsdp")
     ckpt, out = tmp_path / "ck", tmp_path / "out"
     out.mkdir()
     run_torchrun(script("async_save_worker.py"), 2, ["--mode", "fsdp", "--ckpt", str(ckpt), "--out", str(out)],
                  timeout=300).check()
     for r in (json.loads((out / f"result_rank{r}.json").read_text()) for r in range(2)):
-        assert r["done_at_return"] and r["published"]
-        assert len(r["warnings"]) == 1 and "the fsdp strategy writes its checkpoint itself" in r["warnings"][0]
+        assert not r["done_at_return"] and r["changed"] and r["equal_at_call"] and r["published"]
+        assert r["warnings"] == []
+    manifest = json.loads((ckpt / "a" / ckdir.MANIFEST).read_text())
+    assert any(name.startswith("fsdp_model_0/__1_") for name in manifest["files"]) and "rng_state_1.pt" in manifest["files"]
 
 
 def test_the_staging_buffer_keeps_ties_and_metadata_and_reuses_its_tensors():

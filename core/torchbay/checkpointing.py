@@ -69,6 +69,8 @@ class _Parts:
     training_state: Any
     extras: dict
     manifest: dict | None  # the manifest's fields taken at the call (asynchronous saves)
+    started: bool = False  # models and optimizers are written by the strategy's start_checkpoint
+    finish_started: Any = None  # what start_checkpoint returned: waits, returns this rank's files
 
 
 def _describe(exc: BaseException) -> str:
@@ -229,6 +231,8 @@ class StateCheckpointer:
     def _can_save_in_background(self) -> bool:
         acc = self.acc
         why = None
+        if acc.strategy.can_start_checkpoint():
+            return True  # the strategy starts its own asynchronous write of models and optimizers
         if not getattr(acc.strategy, "async_checkpoint", False):
             why = f"the {acc.strategy.name} strategy writes its checkpoint itself"
         elif acc.checkpoint_io.collective and acc.num_processes > 1:
@@ -250,16 +254,21 @@ class StateCheckpointer:
         acc = self.acc
         stage = self._staging()
 
-        def capture() -> _Parts:
+        def capture(started: bool) -> _Parts:
             stage.begin()
-            parts = self._capture(stage)
+            parts = self._capture(stage, without_models=started)
             stage.finish(acc.device_backend.synchronize)
             return parts
 
-        parts = self.on_every_rank("save_state", capture, cleanup=discard)  # the state at the call, on every rank
-        single = acc.num_processes == 1
+        started = acc.strategy.can_start_checkpoint()
+        parts = self.on_every_rank("save_state", lambda: capture(started), cleanup=discard)  # the state at the call
+        if started:  # models and optimizers: the strategy's own asynchronous write (its own process group)
+            parts.finish_started = self.on_every_rank("save_state", lambda: acc.strategy.start_checkpoint(
+                partial, acc._models, acc._optimizers, acc.checkpoint_io, owners=parts.owners), cleanup=discard)
+        single = acc.num_processes == 1 and not started
         handle = AsyncSave(final, self._finish_background)
         handle.publishes_itself = single
+        handle.finish_started = parts.finish_started
         handle._discard = discard
         handle.manifest = parts.manifest
 
@@ -291,9 +300,12 @@ class StateCheckpointer:
             partial, _ = ckdir.siblings(handle.path)
 
             def written() -> dict:
+                records = {}
+                if handle.finish_started is not None:  # the strategy's own writes end first
+                    records.update(ckdir.record_files(partial, handle.finish_started()))
                 if handle.error is not None:
                     raise handle.error
-                return handle.local_records
+                return {**handle.local_records, **records}
 
             try:
                 records_per_rank = self.on_every_rank("save_state", written, cleanup=handle._discard, share=True)
@@ -316,7 +328,7 @@ class StateCheckpointer:
     def release_staging(self) -> None:
         self._stage = None
 
-    def _capture(self, stage: StagingBuffer | None) -> _Parts:
+    def _capture(self, stage: StagingBuffer | None, without_models: bool = False) -> _Parts:
         """What a checkpoint holds: the live objects (``stage`` is ``None``: written now) or a copy of
         their state in ``stage`` (written later by the background thread)."""
         acc = self.acc
@@ -325,6 +337,8 @@ class StateCheckpointer:
         owners = self._owners()
         if stage is None:
             models, optimizers = acc._models, acc._optimizers
+        elif without_models:  # written by the strategy's start_checkpoint
+            models, optimizers = [], []
         else:
             writes_models = acc.checkpoint_io.collective or acc.process_index == 0  # as Strategy.save_checkpoint
             models = [Staged(copy(acc.strategy.model_state_dict(m), f"model_{i}") if writes_models else {})
@@ -347,6 +361,7 @@ class StateCheckpointer:
             training_state=copy(acc._training_state(), "training_state") if main else None,
             extras=copy(extras, "extras"),
             manifest=self._manifest("state", {}) if stage is not None and main else None,
+            started=without_models,
         )
 
     def _owners(self) -> list[int | None]:
@@ -356,8 +371,8 @@ class StateCheckpointer:
     def _write_parts(self, directory: Path, parts: _Parts) -> list[str]:
         acc = self.acc
         rank = acc.process_index
-        files = acc.strategy.save_checkpoint(directory, parts.models, parts.optimizers, acc.checkpoint_io,
-                                             owners=parts.owners)
+        files = [] if parts.started else acc.strategy.save_checkpoint(directory, parts.models, parts.optimizers,
+                                                                      acc.checkpoint_io, owners=parts.owners)
         files.append(_torch_save(parts.rng, directory / f"rng_state_{rank}.pt"))
         if parts.rank_precision is not None:
             files.append(_torch_save(parts.rank_precision, directory / f"precision_rank_{rank}.pt"))

@@ -13,7 +13,7 @@ import datetime
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -446,6 +446,21 @@ class Strategy:
                 for i, state in enumerate(model_states):
                     written += record_now(directory, io.save_state_dict(state, directory, f"model_{i}"))
             return written + optimizer_files.result()
+
+    def can_start_checkpoint(self) -> bool:
+        """Whether :meth:`start_checkpoint` is offered (for a strategy whose own checkpoint is collective)."""
+        return False
+
+    def start_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO, *,
+                         owners: list[int | None] | None = None) -> Callable[[], list[str]]:
+        """An asynchronous save's model and optimizer part, for a strategy that writes them itself
+        (``can_start_checkpoint()``): take the state at the call and start writing it into
+        ``directory``; return a function that waits for those writes and returns the files this
+        rank wrote. Both run on the main thread of every rank, in the same order (the function at
+        the point where the ranks agree on the save); collectives the writes need run on a
+        process group of their own, never on the training loop's.
+        """
+        raise NotImplementedError
 
     @staticmethod
     def _save_optimizers(directory: Path, optimizers: list) -> list[str]:

@@ -6,7 +6,7 @@ Modes:
   exit      an async save whose writer is slowed, then the script ends without wait()
   ranks     2 processes: async save, train on, wait, load, compare to the state at the call;
             then a save whose writer fails on rank 1 only: both ranks get the error
-  fsdp      2 processes, strategy fsdp: blocking=False saves synchronously, with one warning
+  fsdp      2 processes, FSDP2: async save (DCP async_save), train on, wait, load, compare to the call
 """
 
 import argparse
@@ -155,15 +155,35 @@ elif args.mode == "fsdp":
     logging.getLogger("torchbay").addHandler(Keep())
     acc = Accelerator(strategy="fsdp")
     model, opt = build(acc, width=32, layers=2)
-    for _ in range(2):
-        acc.backward(model(torch.randn(8, 32)).pow(2).mean())
-        opt.step()
-        opt.zero_grad()
-    first = acc.save_state(os.path.join(args.ckpt, "a"), blocking=False)
-    done_at_return = first.done()
-    acc.save_state(os.path.join(args.ckpt, "b"), blocking=False).wait()
+
+    def fsdp_steps(n):
+        for _ in range(n):
+            acc.backward(model(torch.randn(8, 32)).pow(2).mean())
+            opt.step()
+            opt.zero_grad()
+
+    def full(value):
+        return value.full_tensor().clone() if hasattr(value, "full_tensor") else value.clone()
+
+    def fsdp_snapshot():  # collectives: every rank, main thread
+        return ({k: full(v) for k, v in model.state_dict().items()},
+                {i: {k: full(v) for k, v in st.items() if torch.is_tensor(v)} for i, st in opt.state_dict()["state"].items()})
+
+    def fsdp_same(expected):
+        now = fsdp_snapshot()
+        return (all(torch.equal(now[0][k], expected[0][k]) for k in expected[0])
+                and all(torch.equal(now[1][i][k], expected[1][i][k]) for i in expected[1] for k in expected[1][i]))
+
+    fsdp_steps(2)
+    expected = fsdp_snapshot()
+    handle = acc.save_state(os.path.join(args.ckpt, "a"), blocking=False)
+    done_at_return = handle.done()
+    fsdp_steps(3)  # every shard changes while DCP writes
+    changed = not fsdp_same(expected)
+    handle.wait()
     acc.load_state(os.path.join(args.ckpt, "a"))
-    result = {"done_at_return": done_at_return, "published": os.path.exists(os.path.join(args.ckpt, "a", ckdir.MANIFEST)),
+    result = {"done_at_return": done_at_return, "changed": changed, "equal_at_call": fsdp_same(expected),
+              "published": os.path.exists(os.path.join(args.ckpt, "a", ckdir.MANIFEST)),
               "warnings": [m for m in messages if "saves synchronously here" in m]}
     acc.end_training()
     with open(os.path.join(args.out, f"result_rank{acc.process_index}.json"), "w") as f:

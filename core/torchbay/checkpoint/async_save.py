@@ -140,6 +140,7 @@ class AsyncSave:
         self._published = False
         self.publishes_itself = False  # one process: the writer thread publishes too
         self.local_records: dict | None = None  # this rank's files, when the writer succeeded
+        self.finish_started: Callable[[], list[str]] | None = None  # a strategy's own writes (start_checkpoint)
         self.error: BaseException | None = None
 
     # -- the user's API -------------------------------------------------------------------

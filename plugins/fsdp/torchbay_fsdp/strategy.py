@@ -563,13 +563,65 @@ class FSDPStrategy(Strategy):
             state = get_optimizer_state_dict(self._owner(j, models, owners, optimizers), raw)
             dcp.save(state, checkpoint_id=str(directory / optimizer_dir(j)))
             written += dcp_files_of_rank(directory, optimizer_dir(j))
-        if self.rank == 0:
-            info = {"format": "torch.distributed.checkpoint", "fsdp_version": self.settings.version,
-                    "world_size": self.world_size, "mesh": {n: v for n, v in self.sizes.items() if v > 1}, "models": [model_dir(i) for i in range(len(models))],
-                    "optimizers": [optimizer_dir(j) for j in range(len(optimizers))]}
-            (directory / INFO_FILE).write_text(json.dumps(info, indent=2))
-            written.append(INFO_FILE)
-        return written
+        return written + self._write_info(directory, models, optimizers)
+
+    def _write_info(self, directory: Path, models: list, optimizers: list) -> list[str]:
+        if self.rank != 0:
+            return []
+        info = {"format": "torch.distributed.checkpoint", "fsdp_version": self.settings.version,
+                "world_size": self.world_size, "mesh": {n: v for n, v in self.sizes.items() if v > 1}, "models": [model_dir(i) for i in range(len(models))],
+                "optimizers": [optimizer_dir(j) for j in range(len(optimizers))]}
+        (directory / INFO_FILE).write_text(json.dumps(info, indent=2))
+        return [INFO_FILE]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_checkpoint_groups", None)  # process groups of this process: they do not pickle
+        return state
+
+    def can_start_checkpoint(self) -> bool:
+        return self.settings.version == 2  # save_state(blocking=False): DCP's async_save
+
+    def start_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO, *,
+                         owners: list[int | None] | None = None):
+        """``dcp.async_save`` of each model and optimizer: DCP copies this rank's shards to host memory
+        in the call and writes them in its own thread per save, whose collectives run on a gloo group
+        of that save's own (created once, by every rank, on the main thread), never the training's."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        from torchbay.builtin.checkpoint_io import dcp_files_of_rank
+
+        groups = self.__dict__.setdefault("_checkpoint_groups", {})
+
+        def group(stem: str):  # one per DCP save: the saves run at once, each in its own thread
+            if stem not in groups:
+                groups[stem] = dist.new_group(backend="gloo")
+            return groups[stem]
+
+        started = []
+        for i, model in enumerate(models):
+            started.append((model_dir(i), dcp.async_save(get_model_state_dict(model), checkpoint_id=str(
+                directory / model_dir(i)), process_group=group(model_dir(i)))))
+        for j, opt in enumerate(optimizers):
+            state = get_optimizer_state_dict(self._owner(j, models, owners, optimizers), getattr(opt, "optimizer", opt))
+            started.append((optimizer_dir(j), dcp.async_save(state, checkpoint_id=str(directory / optimizer_dir(j)),
+                                                             process_group=group(optimizer_dir(j)))))
+
+        def finish() -> list[str]:
+            written: list[str] = []
+            errors = []
+            for stem, future in started:  # every write is waited for, even after one failed
+                try:
+                    future.result()
+                    written += dcp_files_of_rank(directory, stem)
+                except Exception as exc:
+                    errors.append(f"{stem}: {type(exc).__name__}: {exc}")
+            if errors:
+                raise CheckpointError(f"the asynchronous DCP save failed: {'; '.join(errors)}")
+            return written + self._write_info(directory, models, optimizers)
+
+        return finish
 
     def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO,
                         read: Any = None, *, owners: list[int | None] | None = None) -> None:
