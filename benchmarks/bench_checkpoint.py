@@ -22,6 +22,7 @@ against ``save_state(blocking=False)`` (the stall inside the call, and the time 
 
     python benchmarks/bench_checkpoint.py [--mb 200] [--rounds 7] [--memory-rounds 3]
                                           [--async-mb 100] [--async-rounds 3] [--only sync|async]
+    torchrun --nproc-per-node 2 benchmarks/bench_checkpoint.py --async-strategy fsdp [--async-mb 100]
 """
 
 from __future__ import annotations
@@ -142,19 +143,31 @@ def child(contender: str, mb: str, directory: str, expected: str) -> None:
     print(json.dumps({"peak": peak}))
 
 
-def async_table(mb: int, rounds: int, steps: int = 24, every: int = 6) -> None:
+def async_table(mb: int, rounds: int, steps: int = 24, every: int = 6, strategy: str = "single") -> None:
     """A training loop of ``steps`` steps with a save every ``every``: no save, synchronous saves,
-    ``save_state(blocking=False)``. Per save, the time inside the call (the stall); per loop, the
-    time added to the no-save loop, the last save waited for (published) inside the loop's time."""
+    ``save_state(blocking=False)``, in turn on one prepared model. Per save, the time inside the
+    call (the stall); per loop, the time added to the no-save loop, the last save waited for
+    (published) inside the loop's time. ``strategy="fsdp"``: run under torchrun (FSDP2, every
+    rank runs the loop; rank 0 reports, its folder shared)."""
     from torchbay import Accelerator
 
-    work = tempfile.mkdtemp(prefix="bench_checkpoint_async_", dir=os.environ.get("BENCH_DIR"))
+    acc = Accelerator(strategy=strategy) if strategy != "single" else Accelerator()
+    base_dir = os.environ.get("BENCH_DIR") or tempfile.gettempdir()
+    work = acc.strategy.broadcast_object(tempfile.mkdtemp(prefix="bench_checkpoint_async_", dir=base_dir)
+                                         if acc.is_main_process else None) if acc.num_processes > 1 else \
+        tempfile.mkdtemp(prefix="bench_checkpoint_async_", dir=base_dir)
     variants = ("no save", "sync save", "async save")
-    objects = {}
-    for name in variants:
+    if strategy == "single":
         model, optimizer = build(mb)
-        acc = Accelerator()
-        objects[name] = (*acc.prepare(model, optimizer), acc)
+    else:  # prepared before the first step: the optimizer's state is created on the shards
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(max(1, int(
+            mb * 2**20 / 4 / (WIDTH * WIDTH + WIDTH))))])
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mb_of_model = sum(p.numel() for p in model.parameters()) * 4 / 2**20
+    world = acc.num_processes
+    model, optimizer = acc.prepare(model, optimizer)
+    objects = {name: (model, optimizer, acc) for name in variants}
     batch = torch.randn(16, WIDTH)
     stalls: dict[str, list[float]] = {n: [] for n in variants}
     loops: dict[str, list[float]] = {n: [] for n in variants}
@@ -187,16 +200,19 @@ def async_table(mb: int, rounds: int, steps: int = 24, every: int = 6) -> None:
             for name in variants:
                 loop(name)
     finally:
-        for _, _, acc in objects.values():
-            acc.end_training()
-        shutil.rmtree(work, ignore_errors=True)
+        acc.end_training()
+        if acc.is_main_process:
+            shutil.rmtree(work, ignore_errors=True)
+    if not acc.is_main_process:
+        return
 
     base = statistics.median(loops["no save"])
     added = {n: statistics.median(loops[n]) - base for n in variants[1:]}
     stall = {n: statistics.median(stalls[n]) for n in variants[1:]}
-    size = sum(p.numel() for p in objects["no save"][0].parameters()) * 4 / 2**20
-    lines = [f"### Checkpoints: asynchronous save_state (blocking=False)", "",
-             f"Model {size:.0f} MiB (Linear({WIDTH}) layers) + AdamW state {2 * size:.0f} MiB, 1 process, 1 thread; "
+    size = mb_of_model
+    where = "1 process" if strategy == "single" else f"{strategy}, {world} processes (rank 0's times)"
+    lines = [f"### Checkpoints: asynchronous save_state (blocking=False), {strategy}", "",
+             f"Model {size:.0f} MiB (Linear({WIDTH}) layers) + AdamW state {2 * size:.0f} MiB, {where}, 1 thread; "
              f"{steps} steps with a save every {every}, into two folders in turn (each save replaces a checkpoint); "
              f"the loop's time includes waiting for its last save to be published. Medians over {rounds} "
              f"interleaved rounds after one warm-up round.", "",
@@ -225,8 +241,13 @@ def main():
     parser.add_argument("--async-mb", type=int, default=100, help="model size of the asynchronous-save table")
     parser.add_argument("--async-rounds", type=int, default=3, help="rounds of the asynchronous-save table")
     parser.add_argument("--only", choices=("sync", "async"), help="only one of the tables")
+    parser.add_argument("--async-strategy", default="single", choices=("single", "fsdp"),
+                        help="fsdp: the asynchronous table only, under torchrun --nproc-per-node 2")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.async_strategy != "single":
+        async_table(args.async_mb, args.async_rounds, strategy=args.async_strategy)
+        return
     if args.only != "sync":
         async_table(args.async_mb, args.async_rounds)
     if args.only == "async":
