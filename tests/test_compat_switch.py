@@ -252,3 +252,15 @@ def test_patching_an_accelerate_function_patches_the_torchbay_function_that_answ
     print(json.dumps({"patched": patched, "restored": restored}))
     """, switch=True)
     assert seen == {"patched": True, "restored": True}
+
+
+def test_accelerates_file_name_constants_are_served_with_accelerates_values():
+    import accelerate.utils.constants as real
+
+    import torchbay.utils
+
+    names = [n for n in yaml.safe_load(open(os.path.join(ROOT, "core", "torchbay", "compat", "resources",
+                                                         "library_names.yaml"), encoding="utf-8"))["values"]
+             if n.endswith("_NAME")]
+    assert len(names) == 14
+    assert {n: getattr(torchbay.utils, n) for n in names} == {n: getattr(real, n) for n in names}
