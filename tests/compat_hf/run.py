@@ -182,7 +182,7 @@ def compare(expected: dict, got: dict, bf16: bool) -> tuple[float, list[str]]:
 
 
 def part_cases(selected: list[Case], work_root: Path) -> list[str]:
-    say("\n## The training cases (docs/accelerate-compat.md, 'The Hugging Face libraries')\n")
+    say("\n## The training cases, on Accelerate and on torchbay\n")
     say("| case | processes | Accelerate | torchbay | largest difference | result |")
     say("|---|---|---|---|---|---|")
     failures = []
