@@ -162,25 +162,12 @@ def _resolved_with_the_switch() -> dict[str, int]:
     import os
     import subprocess
 
-    code = ("import importlib, json, yaml\n"
-            f"names = yaml.safe_load(open({str(LIBRARY_NAMES)!r}))\n"
-            "out = {}\n"
-            "for library, modules in names.items():\n"
-            "    out[library] = 0\n"
-            "    for module, attrs in modules.items():\n"
-            "        m = importlib.import_module(module)\n"
-            "        for a in attrs:\n"
-            "            try:\n"
-            "                getattr(m, a); out[library] += 1\n"
-            "            except AttributeError:\n"
-            "                try:\n"
-            "                    importlib.import_module(module + '.' + a); out[library] += 1\n"
-            "                except ImportError:\n"
-            "                    pass\n"
-            "print(json.dumps(out))\n")
     env = {**os.environ, "TORCHBAY_AS_ACCELERATE": "1"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    done = subprocess.run([sys.executable, str(LIBRARY_NAMES.with_name("scan_accelerate_names.py")), "--resolve"],
+                          capture_output=True, text=True, env=env, check=True)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return {library: n - sum(1 for m in report["missing"] if m.startswith(f"{library}: "))
+            for library, n in report["count"].items()}
 
 
 def render() -> str:

@@ -209,28 +209,12 @@ def part_cases(selected: list[Case], work_root: Path) -> list[str]:
 
 def part_names() -> list[str]:
     say("\n## Names the libraries import from accelerate\n")
-    code = ("import importlib, yaml, sys\n"
-            f"names = yaml.safe_load(open({str(HERE / 'accelerate_names.yaml')!r}))\n"
-            "bad, count = [], 0\n"
-            "for library, modules in names.items():\n"
-            "    for module, attrs in modules.items():\n"
-            "        try:\n"
-            "            m = importlib.import_module(module)\n"
-            "        except Exception as e:\n"
-            "            bad.append(f'{library}: import {module}: {e}'); continue\n"
-            "        for a in attrs:\n"
-            "            count += 1\n"
-            "            try:\n"
-            "                getattr(m, a)\n"
-            "            except Exception:\n"
-            "                try: importlib.import_module(f'{module}.{a}')\n"
-            "                except Exception as e: bad.append(f'{library}: {module}.{a}: {e}')\n"
-            "print(count); print('\\n'.join(bad))\n")
-    done = subprocess.run([sys.executable, "-c", code], env=_env(True, Case("", "")), capture_output=True, text=True)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
+    done = subprocess.run([sys.executable, str(HERE / "scan_accelerate_names.py"), "--resolve"],
+                          env=_env(True, Case("", "")), capture_output=True, text=True)
+    if done.returncode != 0 or not done.stdout.strip():
         return [f"the name check failed: {done.stderr.strip()[-2000:]}"]
-    count, bad = int(lines[0]), lines[1:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    count, bad = sum(report["count"].values()), report["missing"]
     say(f"{count - len(bad)} of {count} names resolve on torchbay")
     for line in bad:
         say(f"- {line}")

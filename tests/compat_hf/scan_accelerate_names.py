@@ -4,6 +4,10 @@ Reads the installed sources with ``ast`` (nothing is imported), so the list is w
 ``python tests/compat_hf/scan_accelerate_names.py transformers peft trl diffusers`` prints one YAML document,
 ``{library: {accelerate module: [names]}}``, which is kept as ``tests/compat_hf/accelerate_names.yaml``.
 ``import accelerate.x`` and attribute reads such as ``accelerate.utils.x`` are listed too.
+
+``python tests/compat_hf/scan_accelerate_names.py --resolve`` (with ``TORCHBAY_AS_ACCELERATE=1``) asks for every name
+kept in ``accelerate_names.yaml`` and prints one JSON line, ``{"count": {library: n}, "missing": [...]}``: the check
+that tests/test_compat_switch.py, ``make compat-hf`` and docs/generate_accelerate_compat.py share.
 """
 
 from __future__ import annotations
@@ -65,7 +69,44 @@ def scan(library: str) -> dict[str, list[str]]:
     return {module: sorted(names) for module, names in sorted(merged.items())}
 
 
+KEPT = pathlib.Path(__file__).resolve().parent / "accelerate_names.yaml"
+
+
+def resolve_kept_names() -> dict:
+    """Ask for every kept name (``from module import name`` as the libraries do): how many names each library
+    asks for, and each one that does not resolve (``"<library>: <module>.<name>: <error>"``)."""
+    import importlib
+
+    names = yaml.safe_load(KEPT.read_text(encoding="utf-8"))
+    count, missing = {}, []
+    for library, modules in names.items():
+        count[library] = 0
+        for module, attrs in modules.items():
+            try:
+                found = importlib.import_module(module)
+            except Exception as exc:  # noqa: BLE001 - reported, with its type
+                count[library] += len(attrs)
+                missing += [f"{library}: {module}.{attr}: import {module}: {type(exc).__name__}: {exc}"
+                            for attr in attrs]
+                continue
+            for attr in attrs:
+                count[library] += 1
+                try:
+                    getattr(found, attr)
+                except AttributeError:
+                    try:
+                        importlib.import_module(f"{module}.{attr}")
+                    except ImportError as exc:
+                        missing.append(f"{library}: {module}.{attr}: {exc}")
+    return {"count": count, "missing": missing}
+
+
 def main(argv: list[str]) -> None:
+    if argv == ["--resolve"]:
+        import json
+
+        print(json.dumps(resolve_kept_names()))
+        return
     libraries = argv or ["transformers", "peft", "trl", "diffusers"]
     yaml.safe_dump({library: scan(library) for library in libraries}, sys.stdout, sort_keys=False, width=110)
 

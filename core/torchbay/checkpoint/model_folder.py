@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from torchbay.checkpoint_dir import fsync_dir as fsync_path  # (a file or a folder alike)
 from torchbay.errors import CheckpointError
 
 log = logging.getLogger("torchbay")
@@ -75,14 +76,6 @@ def read_mark(path: Path) -> dict[str, Any] | None:
     return mark if isinstance(mark, dict) and mark.get("save") else None
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class ModelFolder:
     """The folder one ``save_model`` (or ``torchbay merge-weights``) writes into."""
 
@@ -121,7 +114,7 @@ class ModelFolder:
         stale = sorted(set(previous) - set(written), key=lambda name: name != INDEX)  # the index first
         for name in stale:
             self._remove_own(name)
-        _fsync(self.directory)
+        fsync_path(self.directory)
         return written
 
     # -- steps ----------------------------------------------------------------------------
@@ -175,7 +168,7 @@ class ModelFolder:
         os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # a name nobody else has
         try:
             write(temporary)
-            _fsync(temporary)
+            fsync_path(temporary)
             os.replace(temporary, self.directory / name)
         except BaseException:
             temporary.unlink(missing_ok=True)

@@ -25,9 +25,8 @@ def table() -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def _plugin_kinds() -> dict[str, tuple[str, str]]:
-    """``{name: (kind, distribution)}`` for the names a torchbay plugin serves."""
-    return {name: (kind, distribution) for distribution, kinds in table()["from_plugin"].items()
-            for kind in ("classes", "functions") for name in kinds[kind]}
+    """``{name: (kind, distribution)}`` for the placeholders (the plugin that serves each: ``plugin_hints``)."""
+    return {name: (kind, _hinted()[name]) for kind, names in table()["placeholders"].items() for name in names}
 
 
 def placeholders() -> set[str]:
