@@ -190,6 +190,15 @@ def part_cases(selected: list[Case], work_root: Path) -> list[str]:
         work = work_root / f"case{number}"
         work.mkdir(parents=True)
         expected, error_a, seconds_a = run_case(case, False, work)
+        retried = ""
+        if expected is None:
+            # Accelerate is the reference here, not what is judged: it leaves its process group alive at exit,
+            # and gloo then aborts a rank now and then (SIGABRT after a finished run, seen in CI). One more try
+            # of the reference, said in the table; the torchbay run gets no second try.
+            retried = f" (Accelerate run failed once and passed on a second try: {error_a.splitlines()[0]})"
+            shutil.rmtree(work / "accelerate", ignore_errors=True)  # both in this case's own temporary folder
+            (work / "accelerate.json").unlink(missing_ok=True)
+            expected, error_a, seconds_a = run_case(case, False, work)
         got, error_t, seconds_t = run_case(case, True, work)
         if expected is None:
             verdict, worst = f"Accelerate run failed: {error_a.splitlines()[0]}", None
@@ -199,7 +208,7 @@ def part_cases(selected: list[Case], work_root: Path) -> list[str]:
             failures.append(f"{case.name} x{case.processes} on torchbay: {error_t}")
         else:
             worst, problems = compare(expected, got, case.bf16)
-            verdict = "same" if not problems else "DIFFERS"
+            verdict = ("same" if not problems else "DIFFERS") + retried
             failures.extend(f"{case.name} x{case.processes}: {p}" for p in problems)
         shown = "-" if worst is None else f"{worst:.1e}"
         say(f"| {case.name} | {case.processes} | {seconds_a:.0f} s | {seconds_t:.0f} s | {shown} | {verdict} |",
