@@ -226,7 +226,8 @@ def main() -> None:
 
     for mode in ("ddp", "zero2", "zero3", "raw2", "raw3"):
         results.setdefault(mode, [])
-    print(f"\nseparate launches ({0 if args.only_interleaved else args.repeats} each, median; the machine is shared, so step times carry its load):")
+    print(f"\nseparate launches ({0 if args.only_interleaved else args.repeats} each, median; "
+          "the machine is shared, so step times carry its load):")
     print(f"{'strategy':<26}{'step ms':>10}{'peak rise MiB r0':>18}{'r1':>8}{'peak RSS MiB r0':>17}")
     labels = {"ddp": "torchbay DDP", "zero2": "torchbay ZeRO-2", "zero3": "torchbay ZeRO-3",
               "raw2": "DeepSpeed direct ZeRO-2", "raw3": "DeepSpeed direct ZeRO-3"}

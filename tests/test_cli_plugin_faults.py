@@ -114,8 +114,9 @@ def test_a_run_that_selects_the_failed_plugin_stops_with_its_message(site):
     assert "faulty (torchbay-faulty: RuntimeError: faulty broke in registry)" in result.stderr
 
 
-@pytest.mark.parametrize("mode, hook, error", [("validate", "torchbay_validate", "RuntimeError: faulty broke in validate"),
-                                              ("state-extra", "torchbay_state_extra", "SystemExit(3)")])
+@pytest.mark.parametrize("mode, hook, error",
+                         [("validate", "torchbay_validate", "RuntimeError: faulty broke in validate"),
+                          ("state-extra", "torchbay_state_extra", "SystemExit(3)")])
 def test_a_plugin_failing_in_a_per_run_hook_is_shown_failed_by_plugins_and_env(site, mode, hook, error, tmp_path):
     fix = "block it with -p no:faulty or TORCHBAY_BLOCK_PLUGINS=faulty, or pip uninstall torchbay-faulty"
     result = cli(site, mode, "plugins")

@@ -23,8 +23,10 @@ def _assert_weights_close(a, b, atol):
 
 
 def test_two_process_ddp_matches_one_process(tmp_path, script):
-    run_python(script("core_train.py"), ["--out", str(tmp_path / "single"), "--batch-size", "8", "--steps", "10"]).check()
-    run_torchrun(script("core_train.py"), 2, ["--out", str(tmp_path / "ddp"), "--batch-size", "4", "--steps", "10"]).check()
+    run_python(script("core_train.py"),
+               ["--out", str(tmp_path / "single"), "--batch-size", "8", "--steps", "10"]).check()
+    run_torchrun(script("core_train.py"), 2,
+                 ["--out", str(tmp_path / "ddp"), "--batch-size", "4", "--steps", "10"]).check()
     (single,) = _load(tmp_path / "single", 1)
     ddp0, ddp1 = _load(tmp_path / "ddp", 2)
     assert ddp0["world"] == 2 and ddp0["strategy"] == "ddp" and single["strategy"] == "single"

@@ -1,6 +1,6 @@
 """Shared fixtures of the tracker plugins' tests: a clean torchbay environment per test (the
-core suite's fixture), and ``launches``: two real 2-process runs (gloo) of :mod:`torchbay.testing.tracking_run`, the second
-resuming from the first's saved state."""
+core suite's fixture), and ``launches``: two real 2-process runs (gloo) of
+:mod:`torchbay.testing.tracking_run`, the second resuming from the first's saved state."""
 
 import json
 

@@ -1,7 +1,8 @@
 """One process of a compatibility run: import an Accelerate test script and run its cases.
 
 ``python worker.py SCRIPT OUT_DIR [CASE ...]`` (``COMPAT_RUN_MAIN=1``: the whole script instead
-of cases). Unless ``COMPAT_ON_ACCELERATE=1``, every ``accelerate`` import is redirected to torchbay first. Each rank appends
+of cases). Unless ``COMPAT_ON_ACCELERATE=1``, every ``accelerate`` import is redirected to torchbay
+first. Each rank appends
 ``{"case", "event": "start"|"end", "ok", "error"}`` lines to ``OUT_DIR/rank<N>.jsonl`` as it
 goes, so a run that hangs still tells which case hung. A case (or a whole script) that runs
 longer than ``COMPAT_CASE_LIMIT_S`` seconds writes every thread's stack to

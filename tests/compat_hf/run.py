@@ -269,8 +269,8 @@ def part_library_tests(work_root: Path) -> list[str]:
     for side, on_torchbay in (("Accelerate", False), ("torchbay", True)):
         report = work_root / f"peft-{side}.xml"
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                        f"--junitxml={report}", *PEFT_TESTS], env=_env(on_torchbay, Case("", "")), cwd=source, capture_output=True, text=True,
-                       timeout=1800)
+                        f"--junitxml={report}", *PEFT_TESTS], env=_env(on_torchbay, Case("", "")), cwd=source,
+                       capture_output=True, text=True, timeout=1800)
         results[side] = _outcomes(report)
     counts = {side: {k: sum(1 for o in r.values() if o == k) for k in ("passed", "failed", "skipped")}
               for side, r in results.items()}

@@ -46,7 +46,8 @@ for call in (lambda: acc.gather(rank), lambda: acc.reduce(rank, "sum"), lambda: 
 out["held_works"] = [w is not None and w.is_completed() for w in works]
 out["held_works_distinct"] = len({id(w) for w in works}) == len(works)
 out["held_count"] = len(acc.strategy._held)
-out["pickles_with_held_works"] = bool(acc_dispatch.strategy._held) and len(pickle.dumps(acc_dispatch)) > 0  # as Accelerate pickles one
+# as Accelerate pickles one
+out["pickles_with_held_works"] = bool(acc_dispatch.strategy._held) and len(pickle.dumps(acc_dispatch)) > 0
 if acc.is_main_process:
     json.dump(out, open(sys.argv[1], "w"))
 acc.end_training()

@@ -48,7 +48,8 @@ def main() -> int:
         token = acc.strategy.broadcast_object(f"from-rank-0-{world}")
         expected = world * (world + 1) / 2
         ok = total == expected and gathered == list(range(world)) and token == f"from-rank-0-{world}"
-        return ok, f"all_reduce {total} (expected {expected}), all_gather {gathered}, broadcast ok={token.endswith(str(world))}"
+        return ok, (f"all_reduce {total} (expected {expected}), all_gather {gathered}, "
+                    f"broadcast ok={token.endswith(str(world))}")
 
     def data_sharding():
         n = 8 * world
@@ -58,7 +59,8 @@ def main() -> int:
         flat = sorted(x for part in everyone for x in part)
         disjoint = sum(len(p) for p in everyone) == len(set(flat))
         ok = flat == list(range(n)) and disjoint
-        return ok, f"{len(mine)} of {n} samples on this rank, shards disjoint={disjoint}, cover all={flat == list(range(n))}"
+        return ok, (f"{len(mine)} of {n} samples on this rank, shards disjoint={disjoint}, "
+                    f"cover all={flat == list(range(n))}")
 
     state: dict = {}
 

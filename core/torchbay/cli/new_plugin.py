@@ -97,5 +97,6 @@ def register(subparsers) -> None:
     parser.add_argument("name", help="the plugin's name (the device's config value), e.g. 'acme'")
     parser.add_argument("--output", "-o", default=".", metavar="DIR",
                         help="directory to create the package in; it goes to DIR/NAME (default: .)")
-    parser.add_argument("--force", action="store_true", help="write into an existing non-empty directory (a file that differs is never replaced)")
+    parser.add_argument("--force", action="store_true",
+                        help="write into an existing non-empty directory (a file that differs is never replaced)")
     parser.set_defaults(func=run)

@@ -40,7 +40,8 @@ def style_kind(value: Any) -> str | None:
         return "colwise" if "colwise" in value else "rowwise" if "rowwise" in value else None
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    return "colwise" if isinstance(value, ColwiseParallel) else "rowwise" if isinstance(value, RowwiseParallel) else None
+    return ("colwise" if isinstance(value, ColwiseParallel)
+            else "rowwise" if isinstance(value, RowwiseParallel) else None)
 
 
 def check_styles(plan: dict, where: str = "parallelism.tp_plan") -> list[str]:

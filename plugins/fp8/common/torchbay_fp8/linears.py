@@ -38,7 +38,8 @@ class LinearPlan:
         lines = [f"{name} ({k}->{n})" for name, (k, n) in self.shapes.items() if name in self.convert]
         out = f"{len(self.convert)} Linear module(s) converted to FP8: " + (", ".join(lines) or "none")
         if self.skipped:
-            out += "; kept in higher precision: " + "; ".join(f"{n or '<root>'}: {why}" for n, why in self.skipped.items())
+            out += "; kept in higher precision: " + "; ".join(f"{n or '<root>'}: {why}"
+                                                               for n, why in self.skipped.items())
         return out
 
 

@@ -50,7 +50,8 @@ def recipe_problems(fp8, explicit=lambda key: True) -> list[str]:
         for key in DELAYED_ONLY:
             if explicit(key) and (key != "margin" or fp8.margin):
                 problems.append(f"fp8 engine 'te' cannot honour fp8.{key} = {getattr(fp8, key)!r} with fp8.recipe "
-                                f"{fp8.recipe!r}: it applies to delayed scaling only; use fp8.recipe: delayed or drop it")
+                                f"{fp8.recipe!r}: it applies to delayed scaling only; "
+                                "use fp8.recipe: delayed or drop it")
     return problems
 
 

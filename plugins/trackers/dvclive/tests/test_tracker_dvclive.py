@@ -40,7 +40,8 @@ def test_metrics_params_and_end_training_writes_the_summary(tmp_path, monkeypatc
     assert tracker.live is None and acc.trackers == []  # Live.end() called and the tracker let go
     run_dir = tmp_path / "logs" / "dvclive" / "proj"
     metrics, params = read(run_dir)
-    assert metrics == {name: [(s, expected_values(s)[name]) for s in range(3)] for name in ("acc", "loss", "nested/count")}
+    assert metrics == {name: [(s, expected_values(s)[name]) for s in range(3)]
+                       for name in ("acc", "loss", "nested/count")}
     # numpy ints and tensors converted (DVCLive cannot store a numpy int), nesting kept
     assert params == {"lr": 0.1, "model": {"width": 4, "depth": 2}, "seed": 7, "name": "tiny"}
     summary = json.loads((run_dir / "metrics.json").read_text())

@@ -55,7 +55,8 @@ def test_logs_config_and_end_training_finishes_the_run(tmp_path):
         location = tracker.location
         acc.end_training()
         from trackio import context_vars
-        print(json.dumps({{"location": location, "closed": tracker.run is None and context_vars.current_run.get() is None}}))
+        print(json.dumps({{"location": location,
+                           "closed": tracker.run is None and context_vars.current_run.get() is None}}))
     """))
     result = run_python(str(script), env={"HF_HUB_OFFLINE": "1"}, timeout=180).check()
     out = json.loads(result.stdout.strip().splitlines()[-1])
