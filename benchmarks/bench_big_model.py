@@ -63,7 +63,7 @@ elif case.startswith("accelerate"):
 else:
     from torchbay import init_empty_weights, load_checkpoint_and_dispatch
     if not case.endswith("cold"):  # the device plugins found first, as importing accelerate finds its devices
-        from torchbay.plugins import get_plugin_manager
+        from torchbay.plugin.manager import get_plugin_manager
         get_plugin_manager().registries()
 x = torch.ones(1, %(width)d)
 torch.manual_seed(0)
@@ -168,7 +168,8 @@ def main() -> None:
         anon = statistics.median(r["anon"] for r in rows)
         assign = ""
         if "raw assign" in results:  # issue 27's reference: meta init + load_file + assign=True
-            assign = f"{statistics.median(r['seconds'] / a['seconds'] for r, a in zip(rows, results['raw assign'])):>10.3f}"
+            assign = format(statistics.median(r['seconds'] / a['seconds']
+                                              for r, a in zip(rows, results['raw assign'])), ">10.3f")
         print(f"{case:<17}{seconds:>9.3f}{ratio:>8.3f}{assign}{peak / 2**30:>15.3f}{peak / size:>8.3f}"
               f"{anon / 2**30:>11.3f}{anon / size:>8.3f}")
 

@@ -41,8 +41,16 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (RESULTS_ENV, Path, accelerate_available, interleaved, peak_rss_above_start, python_child, report,  # noqa: E402
-                    timed)
+from common import (  # noqa: E402
+    RESULTS_ENV,
+    Path,
+    accelerate_available,
+    interleaved,
+    peak_rss_above_start,
+    python_child,
+    report,
+    timed,
+)
 
 WIDTH = 1024
 

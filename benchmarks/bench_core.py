@@ -23,8 +23,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (Path, accelerate_available, child_env, interleaved, python_child, report,  # noqa: E402
-                    reset_accelerate, timed)
+from common import Path, accelerate_available, child_env, interleaved, python_child, report, reset_accelerate, timed  # noqa: E402
 
 BATCH = 32
 

@@ -27,7 +27,6 @@ sys.path.insert(0, HERE)
 def worker(contender: str, steps: int) -> None:
     import torch
     import torch.distributed as dist
-
     from bench_core import make_loader, make_model
     from common import destroy_process_group_safely
 
@@ -112,7 +111,8 @@ def main():
     values = interleaved({c: run(c) for c in contenders}, args.rounds)
     if digests["torchbay"] != digests["raw"] or len(digests["raw"]) != 1:
         raise SystemExit(f"torchbay's weights after {args.steps} DDP steps differ from the raw loop's: {digests}")
-    note = "Accelerate's weights differ from raw's" if digests.get("accelerate", digests["raw"]) != digests["raw"] else ""
+    note = ("Accelerate's weights differ from raw's"
+            if digests.get("accelerate", digests["raw"]) != digests["raw"] else "")
     report(f"DDP training step, {args.nproc} processes, gloo", [
         Path(f"DDP step, {args.nproc} processes, small MLP", values, target="<= 1.02x", note=note)],
         rounds=args.rounds,

@@ -32,7 +32,8 @@ def modules() -> list[tuple[str, str]]:
 
 #: names that behave differently from Accelerate's in a way a user may notice
 NOTES = {
-    "AlignDevicesHook": "`torchbay.compat.hooks.AlignDevicesHook`, the hook dispatch_model/cpu_offload/disk_offload attach; "
+    "AlignDevicesHook": "`torchbay.compat.hooks.AlignDevicesHook`, the hook "
+                        "dispatch_model/cpu_offload/disk_offload attach; "
                         "where it differs (ties lent, failed forwards, removal of disk offload) see "
                         "docs/big-model-inference.md#hooks",
     "Accelerator": "one process group per process, but each Accelerator keeps its own settings and gradient "
@@ -75,9 +76,8 @@ def public_names(module: types.ModuleType) -> list[str]:
 
 def accelerate_names() -> dict[str, list[str]]:
     import accelerate
-    import accelerate.utils
-
     import accelerate.hooks
+    import accelerate.utils
 
     hooks = [n for n in public_names(accelerate.hooks)  # what accelerate.hooks defines, not what it imports
              if getattr(getattr(accelerate.hooks, n), "__module__", None) == "accelerate.hooks"]
@@ -89,7 +89,7 @@ def status(name: str, where: str) -> tuple[str, str]:
     """``(status, torchbay's answer)`` for an Accelerate name, found by asking torchbay."""
     import importlib
 
-    import torchbay.compat_names as cn
+    import torchbay.compat.names as cn
     from torchbay.compat import library_names
 
     module = importlib.import_module({"accelerate": "torchbay", "accelerate.hooks": "torchbay.compat.hooks"}.get(
@@ -148,7 +148,8 @@ def library_section() -> list[str]:
         shown = "all" if resolved[library] == count else f"{resolved[library]} of {count}"
         lines.append(f"| {library} | {count} in {len(modules_of)} modules | {shown} |")
     placeholders = sorted(importlib.import_module("torchbay.compat.library_names").placeholders())
-    lines += ["", "Names served by a plugin: while that plugin is not installed each is a placeholder that imports and,",
+    lines += ["", "Names served by a plugin: while that plugin is not installed each is a placeholder "
+                  "that imports and,",
               "when used, says which distribution to install: " + ", ".join(f"`{n}`" for n in placeholders) + ".",
               ""]
     if COMPAT_HF_RESULTS.is_file():
@@ -184,7 +185,8 @@ def render() -> str:
         "torchbay answers `import accelerate` (see \"The Hugging Face libraries\" below).",
         "",
         "The judge is Accelerate 1.15's own test scripts (`accelerate/test_utils/scripts/`), run on torchbay",
-        "with every `accelerate` import served by torchbay (the same switch): `make compat` (tests/compat/) runs each test",
+        "with every `accelerate` import served by torchbay (the same switch): `make compat` (tests/compat/) "
+        "runs each test",
         "function with 1 and 2 processes under `torchbay launch`, then each script's whole `main()`, and",
         "prints a table; a function Accelerate itself cannot pass on a CPU-only machine is listed as skipped",
         "with the reason (tests/compat/cases.py). `python tests/compat/run.py --accelerate` runs the same",

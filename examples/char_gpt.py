@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from torchbay import Accelerator, get_logger, set_seed, tqdm
-from torchbay.tracking import registered
+from torchbay.tracking.trackers import registered
 
 logger = get_logger(__name__, log_level="INFO")
 

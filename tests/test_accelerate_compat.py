@@ -10,8 +10,8 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorData
 
 import torchbay
 from torchbay import Accelerator, DistributedType, GradientAccumulationPlugin, PartialState
-from torchbay.compat_names import UnsupportedAPIError
-from torchbay.data import SeedableRandomSampler, prepare_data_loader
+from torchbay.compat.names import UnsupportedAPIError
+from torchbay.data.loader import SeedableRandomSampler, prepare_data_loader
 from torchbay.errors import TorchbayError
 from torchbay.utils import find_executable_batch_size, set_seed
 
@@ -89,8 +89,16 @@ def test_batch_sampler_as_sampler_with_batch_size_none():
 
 
 def test_free_functions_have_accelerates_signatures():
-    from torchbay.utils import (broadcast, broadcast_object_list, gather, gather_object, pad_across_processes, reduce,
-                                send_to_device, synchronize_rng_states)
+    from torchbay.utils import (
+        broadcast,
+        broadcast_object_list,
+        gather,
+        gather_object,
+        pad_across_processes,
+        reduce,
+        send_to_device,
+        synchronize_rng_states,
+    )
 
     Accelerator()
     t = torch.arange(3.0)
@@ -180,7 +188,7 @@ def test_ddp_kwargs_and_profile_kwargs():
 
 
 def test_fsdp_yaml_without_version_says_it_is_imported_as_fsdp2(tmp_path):
-    from torchbay.accelerate_import import import_file, to_yaml
+    from torchbay.compat.config_import import import_file, to_yaml
 
     path = tmp_path / "acc.yaml"
     path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\n"
@@ -215,7 +223,7 @@ def test_backend_names_come_from_their_plugins():
 
 
 def test_split_between_processes_of_a_dataset_like_object():
-    from torchbay.operations import split_between
+    from torchbay.process.queries import split_between
 
     class Rows:  # what split_between_processes needs of a datasets.Dataset: len() and select()
         def __init__(self, rows):
@@ -243,7 +251,7 @@ def test_prepare_model_for_evaluation_only_places_and_casts():
 def test_distributed_type_comes_from_strategy_and_device():
     from types import SimpleNamespace as NS
 
-    from torchbay.state import distributed_type_for
+    from torchbay.process.state import distributed_type_for
 
     cpu, gpu = NS(name="cpu"), NS(name="cuda", accelerate_distributed_type="MULTI_GPU")
     assert distributed_type_for(NS(name="single", world_size=1), cpu) is DistributedType.NO

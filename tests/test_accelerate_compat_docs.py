@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(ROOT, "docs"))
 
 import generate_accelerate_compat as gen  # noqa: E402
 
-from torchbay.compat_names import UnsupportedAPIError  # noqa: E402
+from torchbay.compat.names import UnsupportedAPIError  # noqa: E402
 
 
 def _rows():

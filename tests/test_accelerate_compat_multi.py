@@ -47,7 +47,7 @@ def test_notebook_launcher_rendezvous_elsewhere_when_the_default_port_is_taken(c
     import socket
 
     from torchbay import notebook_launcher
-    from torchbay.launchers import DEFAULT_PORT
+    from torchbay.launch.notebook import DEFAULT_PORT
 
     holder = socket.socket()
     try:

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import torchbay
-from torchbay import accelerate_import
-from torchbay.compat_names import UnsupportedAPIError
-from torchbay.config import Section
-from torchbay.plugins import PluginManager, get_plugin_manager, hookimpl, reset_plugin_manager
+from torchbay.compat import config_import as accelerate_import
+from torchbay.compat.names import UnsupportedAPIError
+from torchbay.config.model import Section
+from torchbay.plugin.manager import PluginManager, get_plugin_manager, hookimpl, reset_plugin_manager
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "accelerate"
@@ -148,7 +148,7 @@ def test_without_the_plugins_each_backend_value_says_what_to_install():
 def test_every_installed_plugins_fragment_merges_without_conflict():
     pm = get_plugin_manager()
     table = accelerate_import.mapping_table(pm)
-    from torchbay import compat_names
+    from torchbay.compat import names as compat_names
 
     api = compat_names._table()
     assert not pm.failed_plugins(), [info.message for info in pm.failed_plugins()]
@@ -175,8 +175,8 @@ def test_every_fragment_ships_in_its_distribution():
 def test_fragments_are_read_only_when_needed():
     code = ("import torchbay; from torchbay import Accelerator; from torchbay.utils import set_seed; "
             "acc = Accelerator(); acc.distributed_type; "
-            "from torchbay.accelerate_import import read_fragment; a = read_fragment.cache_info().currsize; "
-            "torchbay.utils.is_cuda_available(); from torchbay.plugins import get_plugin_manager; "
+            "from torchbay.compat.config_import import read_fragment; a = read_fragment.cache_info().currsize; "
+            "torchbay.utils.is_cuda_available(); from torchbay.plugin.manager import get_plugin_manager; "
             "plugins = get_plugin_manager().hook.torchbay_accelerate_mapping.get_hookimpls(); "
             "print(a, read_fragment.cache_info().currsize > 0 or not plugins)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
@@ -188,7 +188,7 @@ def test_fragments_are_read_only_when_needed():
 def test_the_import_maps_back_each_devices_distributed_type():
     """A ddp run on a device reports a DistributedType member (the device class says which); importing
     an Accelerate config of that member selects that device again (its plugin's accelerate.yaml)."""
-    from torchbay.state import DistributedType
+    from torchbay.process.state import DistributedType
 
     pm = get_plugin_manager()
     table = accelerate_import.mapping_table(pm)

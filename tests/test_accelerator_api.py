@@ -5,8 +5,15 @@ import logging
 import pytest
 import torch
 
-from torchbay import (Accelerator, AutocastKwargs, ConfigError, GradientAccumulationPlugin, GradScalerKwargs,
-                      get_logger, tqdm)
+from torchbay import (
+    Accelerator,
+    AutocastKwargs,
+    ConfigError,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    get_logger,
+    tqdm,
+)
 
 
 def make(**kwargs):
@@ -141,7 +148,8 @@ def test_logger_logs_on_main_process_only(caplog, monkeypatch):
 
 
 def test_log_with_a_tracker_that_is_not_installed_is_refused_with_a_hint():
-    with pytest.raises(ConfigError, match=r"tracking.log_with: tracker 'nosuch' is not installed .*no plugin torchbay publishes provides tracker 'nosuch'"):
+    with pytest.raises(ConfigError, match=r"tracking.log_with: tracker 'nosuch' is not installed "
+                                          r".*no plugin torchbay publishes provides tracker 'nosuch'"):
         Accelerator(log_with="nosuch")
 
 

@@ -5,7 +5,6 @@ are in tests/test_big_model_devices.py.
 """
 
 import json
-import os
 import warnings
 
 import pytest
@@ -303,10 +302,12 @@ def test_max_memory_values_and_keys():
 def test_cpu_capacity_comes_from_the_cpu_device_plugin():
     from torchbay.builtin.cpu import CPUBackend
 
-    capacity = CPUBackend.memory_capacity()
-    free, total = capacity[0]
+    free, total = CPUBackend.memory_capacity()[0]
+    budget = CPUBackend.placement_budget()[0]
+    free_after, _ = CPUBackend.memory_capacity()[0]  # other processes allocate meanwhile: the budget lies between
     assert 0 < free <= total
-    assert CPUBackend.placement_budget()[0] == max(0, free - int(total * CPUBackend.placement_headroom))
+    headroom = int(total * CPUBackend.placement_headroom)
+    assert max(0, min(free, free_after) - headroom) <= budget <= max(0, max(free, free_after) - headroom)
 
 
 def test_device_mode_rejects_unknown_names(st_file):
@@ -411,7 +412,7 @@ def test_one_parameter_given_to_two_modules_stays_one():
 
 def test_maps_and_sizes_match_accelerates():
     accelerate = pytest.importorskip("accelerate")  # a dev dependency
-    import accelerate.utils
+    import accelerate.utils  # noqa: F811 (binds the submodule on the package importorskip returned)
 
     model = empty_net()
     assert dict(accelerate.utils.compute_module_sizes(model)) == dict(utils.compute_module_sizes(model))

@@ -12,9 +12,9 @@ from torch import nn
 
 import torchbay
 from torchbay import utils
-from torchbay.device import DeviceBackend
-from torchbay.device_map import accelerator_class
-from torchbay.plugins import PluginManager, hookimpl, reset_plugin_manager
+from torchbay.axes.device import DeviceBackend
+from torchbay.big_modeling.device_map import accelerator_class
+from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
 from torchbay.testing.conformance import run_check
 
 GIB = 2**30
@@ -118,8 +118,9 @@ def test_conformance_placement_passes_on_cpu():
 # --- a real accelerator -----------------------------------------------------------------------
 
 REAL = accelerator_class()
-needs_device = pytest.mark.skipif(REAL is None, reason="no accelerator here: these tests need a device plugin whose "
-                                                       "device is available (e.g. torchbay-cuda on a machine with a GPU)")
+needs_device = pytest.mark.skipif(
+    REAL is None, reason="no accelerator here: these tests need a device plugin whose "
+                         "device is available (e.g. torchbay-cuda on a machine with a GPU)")
 
 
 class Net(nn.Module):

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from torchbay import Accelerator, CheckpointError, ProjectConfiguration
-from torchbay import checkpoint_dir as ckdir
+from torchbay.checkpoint import files as ckfiles
+from torchbay.checkpoint import publish as ckdir
 from torchbay.checkpoint.async_save import AsyncSave
 from torchbay.testing.processes import run_python, run_torchrun
 
@@ -24,7 +25,7 @@ class Gate:
     def __init__(self, monkeypatch):
         self.opened = threading.Event()
         self.reached = threading.Event()
-        original = ckdir.RecordingWriter.write
+        original = ckfiles.RecordingWriter.write
 
         def write(writer, data):
             if threading.current_thread() is not threading.main_thread():
@@ -32,7 +33,7 @@ class Gate:
                 assert self.opened.wait(60), "the test never opened the gate"
             return original(writer, data)
 
-        monkeypatch.setattr(ckdir.RecordingWriter, "write", write)
+        monkeypatch.setattr(ckfiles.RecordingWriter, "write", write)
 
     def open(self):
         self.opened.set()
@@ -277,7 +278,8 @@ def test_fsdp2_saves_in_the_background_with_dcp_async_save(tmp_path, script):
         assert not r["done_at_return"] and r["changed"] and r["equal_at_call"] and r["published"]
         assert r["warnings"] == []
     manifest = json.loads((ckpt / "a" / ckdir.MANIFEST).read_text())
-    assert any(name.startswith("fsdp_model_0/__1_") for name in manifest["files"]) and "rng_state_1.pt" in manifest["files"]
+    assert (any(name.startswith("fsdp_model_0/__1_") for name in manifest["files"])
+            and "rng_state_1.pt" in manifest["files"])
 
 
 def test_the_staging_buffer_keeps_ties_and_metadata_and_reuses_its_tensors():

@@ -7,8 +7,8 @@ import torch
 import xxhash
 
 from torchbay import Accelerator
-from torchbay import checkpoint_dir as ckdir
-from torchbay import checkpoint_inplace as ci
+from torchbay.checkpoint import files as ckfiles
+from torchbay.checkpoint import inplace as ci
 from torchbay.errors import CheckpointError
 
 
@@ -97,11 +97,11 @@ def test_a_truncated_safetensors_file_is_not_read_in_place(tmp_path):
 
 def test_recorded_files_match_a_fresh_read(tmp_path):
     state = {"a": torch.randn(3_000_000), "b": torch.arange(7)}
-    name = ckdir.torch_save_recorded(state, tmp_path / "x.pt")
-    record = ckdir.record_files(tmp_path, [name])[name]
+    name = ckfiles.torch_save_recorded(state, tmp_path / "x.pt")
+    record = ckfiles.record_files(tmp_path, [name])[name]
     data = (tmp_path / name).read_bytes()
     assert record == {"size": len(data), "xxh3_128": xxhash.xxh3_128(data).hexdigest()}
-    assert ckdir.file_record(tmp_path / name) == record
+    assert ckfiles.file_record(tmp_path / name) == record
     loaded = torch.load(tmp_path / name, weights_only=True)
     assert torch.equal(loaded["a"], state["a"]) and torch.equal(loaded["b"], state["b"])
     if hasattr(torch.serialization, "get_crc32_options"):
@@ -117,14 +117,14 @@ def test_only_torchbays_own_save_skips_the_zip_crc(tmp_path, monkeypatch):
     import zipfile
 
     settings_while_writing = []
-    write = ckdir.RecordingWriter.write
+    write = ckfiles.RecordingWriter.write
 
     def watched(self, data):
         settings_while_writing.append(torch.serialization.get_crc32_options())
         return write(self, data)
 
-    monkeypatch.setattr(ckdir.RecordingWriter, "write", watched)
-    ckdir.torch_save_recorded({"a": torch.randn(100_000)}, tmp_path / "ours.pt")
+    monkeypatch.setattr(ckfiles.RecordingWriter, "write", watched)
+    ckfiles.torch_save_recorded({"a": torch.randn(100_000)}, tmp_path / "ours.pt")
     with zipfile.ZipFile(tmp_path / "ours.pt") as ours:
         assert {info.CRC for info in ours.infolist()} == {0}  # torchbay's file: no CRC computed
     assert settings_while_writing and all(settings_while_writing)  # torch's setting was back before the 1st byte
@@ -146,17 +146,17 @@ def test_a_save_state_leaves_the_users_crc_choice_alone(tmp_path):
 
 
 def test_a_record_is_not_reused_for_a_changed_file(tmp_path):
-    name = ckdir.torch_save_recorded({"a": torch.zeros(10)}, tmp_path / "x.pt")
+    name = ckfiles.torch_save_recorded({"a": torch.zeros(10)}, tmp_path / "x.pt")
     data = bytearray((tmp_path / name).read_bytes())
     data[-30] ^= 0xFF
     (tmp_path / name).write_bytes(bytes(data))
     os.utime(tmp_path / name, ns=(1, 1))
-    assert ckdir.record_files(tmp_path, [name])[name]["xxh3_128"] == xxhash.xxh3_128(bytes(data)).hexdigest()
+    assert ckfiles.record_files(tmp_path, [name])[name]["xxh3_128"] == xxhash.xxh3_128(bytes(data)).hexdigest()
 
 
-@pytest.mark.parametrize("size", [0, 1, 17, ckdir.HASH_CHUNK + 5])
+@pytest.mark.parametrize("size", [0, 1, 17, ckfiles.HASH_CHUNK + 5])
 def test_file_digest_is_xxh3_128(tmp_path, size):
     data = os.urandom(size)
     (tmp_path / "f").write_bytes(data)
-    assert ckdir.file_record(tmp_path / "f", sync=False) == {"size": size,
+    assert ckfiles.file_record(tmp_path / "f", sync=False) == {"size": size,
                                                              "xxh3_128": xxhash.xxh3_128(data).hexdigest()}

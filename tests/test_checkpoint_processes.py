@@ -11,7 +11,8 @@ import sys
 import pytest
 import torch
 
-from torchbay.checkpoint_dir import MANIFEST, file_record
+from torchbay.checkpoint.files import file_record
+from torchbay.checkpoint.publish import MANIFEST
 from torchbay.testing.processes import run_python, run_torchrun
 
 pytestmark = pytest.mark.multiprocess

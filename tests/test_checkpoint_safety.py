@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from torchbay import Accelerator, CheckpointError, ProjectConfiguration
-from torchbay.checkpoint_dir import MANIFEST, PARTIAL_MARKER, file_record, wait_for_removals
+from torchbay.checkpoint.files import file_record
+from torchbay.checkpoint.publish import MANIFEST, PARTIAL_MARKER, wait_for_removals
 
 
 def build(**kwargs):
@@ -80,7 +81,8 @@ def user_dir(tmp_path):
 def test_a_directory_of_user_files_is_refused_before_anything_is_written(tmp_path, user_dir):
     acc, model, opt = build()
     before = tree(tmp_path)
-    with pytest.raises(CheckpointError, match=r"outputs holds files that are not a torchbay checkpoint \(notes.txt, sub\)"):
+    with pytest.raises(CheckpointError,
+                       match=r"outputs holds files that are not a torchbay checkpoint \(notes.txt, sub\)"):
         acc.save_state(str(user_dir))
     assert tree(tmp_path) == before and (user_dir / "notes.txt").read_text() == "my notes"
     # save_model writes beside other files, as Accelerate does (tests/test_save_model_layout.py), and leaves them
@@ -116,7 +118,8 @@ def test_links_files_and_foreign_files_beside_a_checkpoint_are_refused(tmp_path)
     with pytest.raises(CheckpointError, match="file is a file, not a directory"):
         acc.save_state(str(tmp_path / "file"))
     (tmp_path / "ck" / "mine.txt").write_text("keep me")
-    with pytest.raises(CheckpointError, match=r"holds a torchbay checkpoint and also files torchbay did not write \(mine.txt\)"):
+    with pytest.raises(CheckpointError,
+                       match=r"holds a torchbay checkpoint and also files torchbay did not write \(mine.txt\)"):
         acc.save_state(str(tmp_path / "ck"))
     assert (tmp_path / "ck" / "mine.txt").read_text() == "keep me" and (tmp_path / "file").read_text() == "x"
     assert listing(tmp_path) == ["ck", "file", "link"]
@@ -251,7 +254,8 @@ def test_dcp_metadata_with_planted_code_is_refused(tmp_path):
     manifest = json.loads((tmp_path / "ck" / MANIFEST).read_text())
     manifest["files"]["model_0/.metadata"] = file_record(metadata_path)
     (tmp_path / "ck" / MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match=r"\.metadata needs the class \w+\.system, which torchbay will not unpickle"):
+    with pytest.raises(CheckpointError,
+                       match=r"\.metadata needs the class \w+\.system, which torchbay will not unpickle"):
         acc.load_state(str(tmp_path / "ck"))
     assert not (tmp_path / "pwned").exists()
 
@@ -413,7 +417,7 @@ def test_estimate_memory_counts_only_the_files_a_save_names(tmp_path):
 
 
 def test_no_code_path_unpickles_outside_the_safe_loader():
-    """Every pickle read of torchbay and its plugins goes through torchbay.safe_load."""
+    """Every pickle read of torchbay and its plugins goes through torchbay.checkpoint.safe_load."""
     import pathlib
     import re
 

@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from torchbay import Accelerator, CheckpointError, ProjectConfiguration
-from torchbay.checkpoint_dir import file_record
-from torchbay.checkpointing import MANIFEST
+from torchbay.checkpoint.files import file_record
+from torchbay.checkpoint.publish import MANIFEST
 
 
 def rewrite(directory, name, obj):
@@ -51,7 +51,8 @@ def test_round_trip_restores_everything(tmp_path):
     assert sched.get_last_lr() == expected_lr
     assert torch.equal(torch.rand(3), expected_random)  # RNG restored
     manifest = json.loads((tmp_path / "ck" / MANIFEST).read_text())
-    assert manifest["world_size"] == 1 and manifest["strategy"] == "single" and "model_0.safetensors" in manifest["files"]
+    assert (manifest["world_size"] == 1 and manifest["strategy"] == "single"
+            and "model_0.safetensors" in manifest["files"])
     assert manifest["config"]["mixed_precision"] == "no" and "cpu" in manifest["plugins"]
 
 
@@ -113,7 +114,8 @@ def test_pickled_code_is_never_executed(tmp_path):
             return (os.system, (f"touch {tmp_path / 'pwned'}",))
 
     rewrite(tmp_path / "ck", "scheduler_0.pt", {"evil": Evil()})
-    with pytest.raises(CheckpointError, match=r"scheduler_0.pt needs the class \w+.system, which torchbay will not unpickle"):
+    with pytest.raises(CheckpointError,
+                       match=r"scheduler_0.pt needs the class \w+.system, which torchbay will not unpickle"):
         acc.load_state(str(tmp_path / "ck"))
     assert not (tmp_path / "pwned").exists()
 

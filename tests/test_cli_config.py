@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from torchbay.cli.main import main
-from torchbay.plugins import PluginManager, hookimpl, reset_plugin_manager
+from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
 
 FIXTURES = Path(__file__).parent / "fixtures" / "accelerate"
 SCRIPT = str(Path(__file__).parent / "scripts" / "cli_ranks.py")
@@ -29,7 +29,8 @@ def run(capsys, *argv):
 
 def test_show_sources_precedence(capsys, tmp_path, monkeypatch):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("mixed_precision: fp16\nseed: 1\ngradient_accumulation_steps: 2\ndataloader:\n  even_batches: false\n")
+    cfg.write_text("mixed_precision: fp16\nseed: 1\ngradient_accumulation_steps: 2\n"
+                   "dataloader:\n  even_batches: false\n")
     monkeypatch.setenv("TORCHBAY_MIXED_PRECISION", "bf16")
     monkeypatch.setenv("TORCHBAY_SEED", "5")
     code, out, err = run(capsys, "config", "show", "--sources", "--config-file", str(cfg), "--seed", "7",
@@ -59,7 +60,7 @@ def test_schema_has_core_and_plugin_sections(capsys):
     class Plugin:
         @hookimpl
         def torchbay_config_sections(self):
-            from torchbay.config import Section
+            from torchbay.config.model import Section
 
             class Extra(Section):
                 level: int = 1
@@ -77,7 +78,7 @@ def test_schema_has_core_and_plugin_sections(capsys):
 
 def test_plugin_flags_and_the_selected_strategys_launch_env(capsys):
     from torchbay.builtin.strategies import DDPStrategy
-    from torchbay.config import Section
+    from torchbay.config.model import Section
 
     class Level(Section):
         level: int = 1
@@ -137,7 +138,7 @@ def test_default_config(capsys, tmp_path):
 
 
 def test_questionnaire_asks_installed_choices(capsys, tmp_path, monkeypatch):
-    from torchbay.plugins import get_plugin_manager
+    from torchbay.plugin.manager import get_plugin_manager
 
     registries = get_plugin_manager().registries()
     answers = {"Which device": "cpu", "How many machines": "2", "Rank of this machine": "1",
@@ -362,8 +363,8 @@ def test_import_unquoted_no(capsys, tmp_path):
 def test_questionnaire_asks_a_chosen_plugins_own_section(capsys, tmp_path, monkeypatch):
     from typing import Literal
 
-    from torchbay.config import Section
-    from torchbay.strategy import Strategy
+    from torchbay.axes.strategy import Strategy
+    from torchbay.config.model import Section
 
     class ShardyConfig(Section):
         shards: int = 2

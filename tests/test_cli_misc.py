@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from torchbay.cli.main import main
-from torchbay.plugins import PluginManager, hookimpl, reset_plugin_manager
+from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
 
 HERE = Path(__file__).parent
 
@@ -56,7 +56,7 @@ def test_env_block(capsys, tmp_path, monkeypatch):
 
 
 def test_env_names_unavailable_devices(capsys):
-    from torchbay.device import DeviceBackend
+    from torchbay.axes.device import DeviceBackend
 
     class Missing(DeviceBackend):
         name = "clitestdev"
@@ -92,7 +92,7 @@ def test_plugins_table_and_requirements(capsys):
 
 def test_plugins_lists_a_broken_plugin(capsys):
     pm = PluginManager()
-    from torchbay.plugins import PluginInfo
+    from torchbay.plugin.info import PluginInfo
 
     pm.infos["brokenplug"] = PluginInfo("brokenplug", "torchbay-brokenplug", "0.1", "failed",
                                         "ImportError: no module named brokenlib")
@@ -191,7 +191,7 @@ def failure(rank, exitcode, *, time_ns=0, consequence=False, timestamp=100, leav
 
 
 def test_first_failure_is_the_root_cause_not_the_broken_collective():
-    from torchbay.failures import describe_failures
+    from torchbay.launch.failures import describe_failures
 
     plan = SimpleNamespace(num_machines=1, machine_rank=0)
     # rank 0's collective error is recorded *before* rank 2's own error in the same second is
@@ -212,7 +212,7 @@ def test_a_failed_rank_stopped_while_leaving_keeps_its_own_exit_code():
     """Seen in CI: rank 1 raised, its peers died of the broken collective and left faster, and
     the launcher stopped rank 1 with SIGTERM while it was still leaving. Its own error and exit
     code are the job's, not the launcher's signal."""
-    from torchbay.failures import describe_failures
+    from torchbay.launch.failures import describe_failures
 
     plan = SimpleNamespace(num_machines=1, machine_rank=0)
     failures = {0: failure(0, 1, time_ns=7_000, consequence=True), 2: failure(2, 1, time_ns=7_500, consequence=True),

@@ -146,7 +146,7 @@ def test_a_name_whose_plugin_is_not_installed_imports_and_its_use_names_the_dist
     seen = _python("""
     import json
     from accelerate.utils import save_fsdp_model, FullyShardedDataParallelPlugin
-    from torchbay.compat_names import UnsupportedAPIError
+    from torchbay.compat.names import UnsupportedAPIError
     said = []
     for use in (lambda: save_fsdp_model(None, None, None, "out"), lambda: FullyShardedDataParallelPlugin()):
         try:
@@ -232,12 +232,12 @@ def test_the_plugin_hints_cover_every_accelerate_name_the_in_tree_plugins_answer
 def test_patching_an_accelerate_function_patches_the_torchbay_function_that_answers_for_it():
     """transformers' skip_device_map_check sets accelerate.big_modeling.check_device_map for a while."""
     seen = _python("""
-    import json, accelerate.big_modeling, torchbay.big_modeling
-    original = torchbay.big_modeling.check_device_map
+    import json, accelerate.big_modeling, torchbay.big_modeling.modeling
+    original = torchbay.big_modeling.modeling.check_device_map
     accelerate.big_modeling.check_device_map = lambda *a, **k: "patched"
-    patched = torchbay.big_modeling.check_device_map() == "patched"
+    patched = torchbay.big_modeling.modeling.check_device_map() == "patched"
     accelerate.big_modeling.check_device_map = original
-    restored = torchbay.big_modeling.check_device_map is original
+    restored = torchbay.big_modeling.modeling.check_device_map is original
     print(json.dumps({"patched": patched, "restored": restored}))
     """, switch=True)
     assert seen == {"patched": True, "restored": True}

@@ -1,4 +1,4 @@
-"""torch.compile as a step of prepare (the ``compile`` section, torchbay.compile).
+"""torch.compile as a step of prepare (the ``compile`` section, torchbay.compile.compiler).
 
 Compiled runs use aot_eager (or a backend that counts graphs and delegates to it): the same
 kernels as eager, so the losses of a compiled run equal the uncompiled run's bit for bit, and
@@ -19,8 +19,14 @@ import pytest
 import torch
 
 from torchbay import Accelerator
-from torchbay.compile import (DynamoBackend, TorchDynamoPlugin, compile_regions, has_compiled_regions, is_compiled,
-                              repeated_blocks)
+from torchbay.compile.compiler import (
+    DynamoBackend,
+    TorchDynamoPlugin,
+    compile_regions,
+    has_compiled_regions,
+    is_compiled,
+    repeated_blocks,
+)
 from torchbay.errors import ConfigError, IncompatibleSetupError
 from torchbay.testing.processes import run_torchrun
 

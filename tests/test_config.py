@@ -5,7 +5,8 @@ import json
 import pytest
 
 from torchbay import Accelerator, ConfigError, IncompatibleSetupError
-from torchbay.config import RESOLVED_ENV, resolve_config
+from torchbay.config.model import RESOLVED_ENV
+from torchbay.config.resolve import resolve_config
 
 
 def write(tmp_path, text, name="cfg.yaml"):
@@ -24,7 +25,8 @@ def test_defaults():
 def test_precedence_and_provenance(tmp_path):
     path = write(tmp_path, "mixed_precision: fp16\ngradient_accumulation_steps: 2\nseed: 1\n"
                            "dataloader:\n  even_batches: false\n")
-    env = {"TORCHBAY_GRADIENT_ACCUMULATION_STEPS": "3", "TORCHBAY_SEED": "2", "TORCHBAY_DATALOADER__SPLIT_BATCHES": "true"}
+    env = {"TORCHBAY_GRADIENT_ACCUMULATION_STEPS": "3", "TORCHBAY_SEED": "2",
+           "TORCHBAY_DATALOADER__SPLIT_BATCHES": "true"}
     resolved = resolve_config(file=path, environ=env, cli={"seed": 3, "project.total_limit": 4},
                               args={"mixed_precision": "bf16"})
     c = resolved.config
@@ -48,7 +50,8 @@ def test_workers_take_the_launchers_config_as_one_value(tmp_path):
     launched = resolve_config(environ={}, cli={"mixed_precision": "bf16", "seed": 5})
     env = {RESOLVED_ENV: launched.to_json(), "TORCHBAY_SEED": "99"}  # env is not re-read in workers
     worker = resolve_config(environ=env, args={"gradient_accumulation_steps": 2})
-    assert (worker.config.mixed_precision, worker.config.seed, worker.config.gradient_accumulation_steps) == ("bf16", 5, 2)
+    assert ((worker.config.mixed_precision, worker.config.seed, worker.config.gradient_accumulation_steps)
+            == ("bf16", 5, 2))
     assert worker.source_of("seed") == "cli" and worker.source_of("gradient_accumulation_steps") == "args"
     json.loads(worker.to_json())
 

@@ -5,7 +5,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler, TensorDataset
 
 from torchbay import Accelerator, DataLoaderConfiguration
-from torchbay.data import IterableShard, SeedableRandomSampler, ShardedBatchSampler
+from torchbay.data.loader import IterableShard, SeedableRandomSampler, ShardedBatchSampler
 
 
 def shards(n, batch_size, world, split=False, even=True, drop_last=False):

@@ -152,10 +152,10 @@ def test_mixed_precision_bf16_becomes_deepspeeds_bf16(trained):
 
 
 def _context(tmp_path, config: dict, world_size: int = 2):
-    from torchbay.cluster import ClusterEnvironment
-    from torchbay.config import resolve_config
-    from torchbay.plugins import PluginManager
-    from torchbay.selection import build_context
+    from torchbay.axes.cluster import ClusterEnvironment
+    from torchbay.config.resolve import resolve_config
+    from torchbay.plugin.manager import PluginManager
+    from torchbay.plugin.selection import build_context
 
     class Two(ClusterEnvironment):
         name = "two"
@@ -185,7 +185,8 @@ def test_values_set_in_both_places_are_rejected_with_both_shown(tmp_path):
                             "deepspeed.zero_stage": 2, "deepspeed.gradient_clipping": 0.5})
     problems = info.value.problems
     text = "\n".join(problems)
-    assert "'zero_optimization.stage' is 3 in the DeepSpeed JSON" in text and "but 2 in torchbay 'deepspeed.zero_stage'" in text
+    assert ("'zero_optimization.stage' is 3 in the DeepSpeed JSON" in text
+            and "but 2 in torchbay 'deepspeed.zero_stage'" in text)
     assert "'gradient_accumulation_steps' is 4" in text and "but 2 in torchbay 'gradient_accumulation_steps'" in text
     assert "'gradient_clipping' is 1.0" in text and "0.5" in text
     assert "'bf16.enabled' is True" in text and "mixed_precision" in text and "'no'" in text
@@ -215,7 +216,7 @@ def test_unknown_section_key_suggests_the_right_one(tmp_path):
 
 
 def test_fill_auto_uses_hidden_size_batch_and_reports_what_it_cannot_fill():
-    from torchbay_deepspeed.config import fill_auto
+    from torchbay_deepspeed.auto_values import fill_auto
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 8))
     cfg = {"gradient_accumulation_steps": 2, "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
@@ -232,8 +233,8 @@ def test_fill_auto_uses_hidden_size_batch_and_reports_what_it_cannot_fill():
 
 
 def test_cli_flags_feed_the_deepspeed_section():
-    from torchbay.config import resolve_config
-    from torchbay.plugins import PluginManager
+    from torchbay.config.resolve import resolve_config
+    from torchbay.plugin.manager import PluginManager
 
     pm = PluginManager()
     parser = argparse.ArgumentParser()
@@ -248,8 +249,8 @@ def test_cli_flags_feed_the_deepspeed_section():
 
 
 def test_launch_env_memory_estimate_and_env_report(tmp_path):
-    from torchbay.config import resolve_config
-    from torchbay.plugins import PluginManager
+    from torchbay.config.resolve import resolve_config
+    from torchbay.plugin.manager import PluginManager
 
     pm = PluginManager()
     config = resolve_config(args={"strategy": "deepspeed", "device": "cpu", "deepspeed.zero_stage": 3}, pm=pm,
@@ -265,9 +266,9 @@ def test_importing_the_plugin_does_not_import_deepspeed(tmp_path):
     code = textwrap.dedent("""
         import sys
         import torchbay_deepspeed, torchbay_deepspeed.plugin
-        from torchbay.config import resolve_config
-        from torchbay.plugins import PluginManager
-        from torchbay.selection import build_context
+        from torchbay.config.model import resolve_config
+        from torchbay.plugin.manager import PluginManager
+        from torchbay.plugin.selection import build_context
         pm = PluginManager()
         assert "deepspeed" in pm.registries()["strategies"]
         resolved = resolve_config(args={"strategy": "deepspeed", "deepspeed.zero_stage": 3}, pm=pm, environ={})
@@ -345,8 +346,9 @@ def test_changed_world_size_is_a_clear_error_then_loads_as_universal_checkpoint(
 def test_hf_deepspeed_config_reads_a_file_a_dict_json_text_and_base64(tmp_path):
     import base64
 
-    from torchbay.errors import ConfigError
     from torchbay_deepspeed.compat import HfDeepSpeedConfig
+
+    from torchbay.errors import ConfigError
 
     cfg = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "train_batch_size": "auto"}
     path = tmp_path / "ds.json"
@@ -364,8 +366,9 @@ def test_hf_deepspeed_config_reads_a_file_a_dict_json_text_and_base64(tmp_path):
 
 
 def test_hf_deepspeed_config_queries_as_accelerate():
-    from torchbay.errors import ConfigError
     from torchbay_deepspeed.compat import HfDeepSpeedConfig
+
+    from torchbay.errors import ConfigError
 
     hf = HfDeepSpeedConfig({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},
                             "bf16": {"enabled": False}, "fp16": {"enabled": True}})
@@ -413,8 +416,9 @@ def test_deepspeed_plugin_fields_fill_auto_and_the_config_wins():
 
 
 def test_deepspeed_plugin_without_a_config_makes_accelerates_and_refuses_what_torchbay_lacks():
-    from torchbay.errors import ConfigError
     from torchbay_deepspeed.compat import DeepSpeedPlugin
+
+    from torchbay.errors import ConfigError
 
     plugin = DeepSpeedPlugin(zero_stage=1, gradient_clipping=0.5)
     cfg = plugin.deepspeed_config
@@ -435,8 +439,9 @@ def test_deepspeed_plugin_without_a_config_makes_accelerates_and_refuses_what_to
 
 
 def test_deepspeed_plugin_fill_match_and_config_process_as_accelerate():
-    from torchbay.errors import ConfigError
     from torchbay_deepspeed.compat import DeepSpeedPlugin
+
+    from torchbay.errors import ConfigError
 
     plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"},
                                            "train_batch_size": 16, "optimizer": {"params": {"lr": "auto"}}})
@@ -458,8 +463,9 @@ def test_deepspeed_plugin_fill_match_and_config_process_as_accelerate():
 
 
 def test_deepspeed_plugin_set_mixed_precision():
-    from torchbay.errors import ConfigError
     from torchbay_deepspeed.compat import DeepSpeedPlugin
+
+    from torchbay.errors import ConfigError
 
     plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}})
     plugin.set_mixed_precision("bf16")
@@ -474,13 +480,13 @@ def test_deepspeed_plugin_set_mixed_precision():
 
 
 def test_accelerate_names_come_from_the_plugin():
-    from torchbay import utils
-
     from torchbay_deepspeed import compat
+
+    from torchbay import utils
 
     for name in ("HfDeepSpeedConfig", "DeepSpeedPlugin", "DeepSpeedSchedulerWrapper", "DummyOptim", "DummyScheduler"):
         assert getattr(utils, name) is getattr(compat, name)
-    from torchbay.wrappers import AcceleratedScheduler
+    from torchbay.accelerator.prepared import AcceleratedScheduler
 
     assert issubclass(compat.DeepSpeedSchedulerWrapper, AcceleratedScheduler)  # as Accelerate's
 
@@ -516,7 +522,8 @@ def test_deepspeed_plugin_through_the_accelerator_as_transformers_trainer_uses_i
 def test_state_deepspeed_plugin_of_a_run_configured_in_torchbay(tmp_path):
     """No DeepSpeedPlugin given: accelerator.state.deepspeed_plugin is made from torchbay's config (a JSON file in
     deepspeed.deepspeed_config_file, "auto" values still open); transformers gives it a new config object and fills
-    it, and prepare builds the engine from that one (tests/scripts/deepspeed_plugin_compat.py --from-torchbay-config)."""
+    it, and prepare builds the engine from that one
+    (tests/scripts/deepspeed_plugin_compat.py --from-torchbay-config)."""
     run_torchrun(os.path.join(SCRIPTS, "deepspeed_plugin_compat.py"), 1,
                  ["--out", str(tmp_path), "--from-torchbay-config"], env={"TORCHBAY_AS_ACCELERATE": "1"},
                  timeout=240).check()
@@ -529,10 +536,10 @@ def test_state_deepspeed_plugin_of_a_run_configured_in_torchbay(tmp_path):
 
 
 def test_a_deepspeed_plugins_config_stands_where_the_json_stands(tmp_path):
-    from torchbay.config import resolve_config
-    from torchbay.plugins import PluginManager
-
     from torchbay_deepspeed.config import PLUGIN_SOURCE, base_config
+
+    from torchbay.config.resolve import resolve_config
+    from torchbay.plugin.manager import PluginManager
 
     pm = PluginManager()
 

@@ -10,10 +10,10 @@ pytest.importorskip("torchbay_deepspeed")
 
 
 def _context(config: dict):
-    from torchbay.cluster import ClusterEnvironment
-    from torchbay.config import resolve_config
-    from torchbay.plugins import PluginManager
-    from torchbay.selection import build_context
+    from torchbay.axes.cluster import ClusterEnvironment
+    from torchbay.config.resolve import resolve_config
+    from torchbay.plugin.manager import PluginManager
+    from torchbay.plugin.selection import build_context
 
     class Two(ClusterEnvironment):
         name = "two"
@@ -33,7 +33,8 @@ def _context(config: dict):
 
 
 def test_legacy_bfloat16_section_with_auto_is_filled_as_deepspeed_reads_it(tmp_path):
-    from torchbay_deepspeed.config import base_config, fill_auto
+    from torchbay_deepspeed.auto_values import fill_auto
+    from torchbay_deepspeed.config import base_config
 
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"bfloat16": {"enabled": "auto"}, "zero_optimization": {"stage": 2},

@@ -25,7 +25,7 @@ import torch
 
 from torchbay import Accelerator
 from torchbay.errors import IncompatibleSetupError
-from torchbay.plugins import PluginManager, hookimpl, reset_plugin_manager
+from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
 from torchbay.testing.processes import run_torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,7 +60,7 @@ def mlp(*dims: int) -> torch.nn.Sequential:
 def test_importing_the_plugins_imports_no_engine():
     code = textwrap.dedent("""
         import sys
-        from torchbay.plugins import PluginManager
+        from torchbay.plugin.manager import PluginManager
         import torchbay_fp8_torchao.plugin, torchbay_fp8_te.plugin, torchbay_fp8_msamp.plugin
         pm = PluginManager()
         keys = sorted(k for k in pm.registries()["precisions"] if k.startswith("fp8:"))
@@ -87,8 +87,9 @@ def test_each_engine_is_its_own_distribution_with_an_entry_point():
     assert "torchbay_register_precisions" in hooks
     # TE's per-rank FP8 scaling state is its precision's per-rank state, not a plugin-state hook
     assert not {"torchbay_state_extra", "torchbay_load_state_extra"} & set(pm.hooks_of("fp8-te"))
-    from torchbay.precision import Precision
     from torchbay_fp8_te.precision import TransformerEngineFP8Precision
+
+    from torchbay.axes.precision import Precision
 
     assert TransformerEngineFP8Precision.rank_state_dict is not Precision.rank_state_dict
     # MS-AMP validates and initialises through its selected precision object, not lifecycle hooks
@@ -104,7 +105,7 @@ def test_the_fp8_section_and_shared_base_are_their_own_distribution():
     from torchbay_fp8 import FP8Config, FP8Precision
 
     assert pm.config_sections()["fp8"] is FP8Config
-    from torchbay.config import CoreConfig
+    from torchbay.config.model import CoreConfig
 
     assert "fp8" not in CoreConfig.model_fields  # the core has no fp8 section of its own
     assert importlib.util.find_spec("torchbay.fp8") is None
@@ -119,7 +120,7 @@ def test_the_fp8_section_and_shared_base_are_their_own_distribution():
 
 
 def test_fp8_without_an_engine_plugin_names_what_to_install(tmp_path):
-    from torchbay.config import resolve_config
+    from torchbay.config.resolve import resolve_config
     from torchbay.errors import ConfigError
 
     bare = PluginManager(autoload=False)  # the built-in plugins only: no FP8 engine, no fp8 section
@@ -228,7 +229,7 @@ def test_msamp_under_deepspeed_zero3_is_refused_before_any_process_group(monkeyp
     if "deepspeed" not in pm.registries()["strategies"]:
         from pydantic import BaseModel, ConfigDict
 
-        from torchbay.strategy import Strategy
+        from torchbay.axes.strategy import Strategy
 
         class Section(BaseModel):
             model_config = ConfigDict(extra="forbid")
@@ -356,7 +357,8 @@ def two_process_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fp8_two_process")
     strategies = "ddp,fsdp" if HAS_FSDP else "ddp"
     run_torchrun(os.path.join(ROOT, "tests/scripts/fp8_train.py"), 2,
-                 ["--strategies", strategies, "--batch-size", "8", "--ckpt", str(tmp / "ckpt"), "--out", str(tmp / "run")],
+                 ["--strategies", strategies, "--batch-size", "8", "--ckpt", str(tmp / "ckpt"),
+                  "--out", str(tmp / "run")],
                  timeout=400).check()
     return {s: [json.load(open(tmp / f"run.{s}.rank{r}.json")) for r in range(2)] for s in strategies.split(",")}
 

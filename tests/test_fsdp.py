@@ -157,8 +157,9 @@ def test_load_state_into_2_and_1_processes_continues_like_uninterrupted_run(trai
 def test_merge_fsdp_weights_removes_only_a_checkpoint_torchbay_wrote(trained, tmp_path):
     import shutil
 
-    from torchbay.errors import CheckpointError
     from torchbay_fsdp.compat import merge_fsdp_weights
+
+    from torchbay.errors import CheckpointError
 
     out, _ = trained
     mine = tmp_path / "mine"
@@ -203,8 +204,8 @@ def test_plugin_imports_and_registers_without_importing_fsdp():
     code = textwrap.dedent("""
         import sys
         import torchbay_fsdp.plugin
-        from torchbay.plugins import PluginManager
-        from torchbay.config import config_model
+        from torchbay.plugin.manager import PluginManager
+        from torchbay.config.model import config_model
         pm = PluginManager()
         assert pm.infos["fsdp"].status == "loaded", pm.infos["fsdp"]
         assert "fsdp" in pm.registries()["strategies"]
@@ -227,7 +228,7 @@ def test_distribution_metadata_declares_the_entry_point_and_only_torchbay_and_to
 
 
 def test_config_section_defaults_sources_and_did_you_mean():
-    from torchbay.config import resolve_config
+    from torchbay.config.resolve import resolve_config
     from torchbay.errors import ConfigError
 
     resolved = resolve_config(environ={"TORCHBAY_FSDP__RESHARD_AFTER_FORWARD": "false"},
@@ -243,9 +244,9 @@ def test_config_section_defaults_sources_and_did_you_mean():
 
 
 def _context(**args):
-    from torchbay.config import resolve_config
-    from torchbay.plugins import get_plugin_manager
-    from torchbay.selection import build_context
+    from torchbay.config.resolve import resolve_config
+    from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.plugin.selection import build_context
 
     pm = get_plugin_manager()
     return build_context(resolve_config(environ={}, args={"strategy": "fsdp", "device": "cpu", **args}, pm=pm), pm)
@@ -273,8 +274,8 @@ def test_validation_lists_every_bad_combination_with_its_fix():
 def test_cli_flags_feed_the_fsdp_section_only_for_launch_and_test():
     import argparse
 
-    from torchbay.config import resolve_config
-    from torchbay.plugins import get_plugin_manager
+    from torchbay.config.resolve import resolve_config
+    from torchbay.plugin.manager import get_plugin_manager
 
     pm = get_plugin_manager()
     parsers = {}
@@ -300,13 +301,14 @@ def test_merge_weights_is_a_torchbay_subcommand():
 
 
 def test_memory_estimate_divides_parameters_gradients_and_optimizer_by_world():
-    from torchbay.config import resolve_config
-    from torchbay.plugins import get_plugin_manager
+    from torchbay.config.resolve import resolve_config
+    from torchbay.plugin.manager import get_plugin_manager
 
     pm = get_plugin_manager()
     config = resolve_config(environ={}, args={"strategy": "fsdp"}, pm=pm).config
     estimate = pm.registries()["strategies"]["fsdp"].estimate_memory(config, 4, {"parameters": 1000, "trainable": 1000})
-    assert (estimate.parameters, estimate.gradients, estimate.optimizer, estimate.sharding_factor) == (1000, 1000, 2000, 4)
+    assert ((estimate.parameters, estimate.gradients, estimate.optimizer, estimate.sharding_factor)
+            == (1000, 1000, 2000, 4))
 
 
 def _strategy(**fsdp):
@@ -341,7 +343,7 @@ def test_wrap_policies_choose_blocks_by_class_name_no_split_modules_or_size():
 
 
 def test_env_report_names_the_fsdp_plugin():
-    from torchbay.plugins import get_plugin_manager
+    from torchbay.plugin.manager import get_plugin_manager
 
     reports = [r for r in get_plugin_manager().hook.torchbay_report_env() if r and "fsdp" in r]
     assert reports and "FSDP2" in reports[0]["fsdp"] and torch.__version__ in reports[0]["fsdp"]
@@ -353,7 +355,7 @@ def _accelerator_for_fsdp1() -> tuple[str | None, str]:
         return None, ("FSDP1 (fsdp.version: 1) needs an accelerator (cuda, xpu, npu or hpu); torch finds none on "
                       "this machine (cpu only)")
     kind = torch.accelerator.current_accelerator().type
-    from torchbay.plugins import get_plugin_manager
+    from torchbay.plugin.manager import get_plugin_manager
 
     devices = get_plugin_manager().registries()["devices"]
     name = next((n for n, cls in devices.items() if cls.torch_type() == kind and cls.is_available()), None)

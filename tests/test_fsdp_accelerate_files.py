@@ -69,17 +69,17 @@ def test_accelerate_reads_torchbay_files_and_torchbay_reads_accelerates(result):
 
 @pytest.mark.skipif(not HAS_ACCELERATE, reason="the real Accelerate is not installed")
 def test_signatures_are_accelerates():
-    from accelerate.utils import fsdp_utils
-
     import torchbay_fsdp.compat as ours
+    from accelerate.utils import fsdp_utils
 
     for name in NAMES:
         assert inspect.signature(getattr(ours, name)) == inspect.signature(getattr(fsdp_utils, name)), name
 
 
 def test_plugin_accepts_what_trainer_passes_and_refuses_what_would_change_results():
-    from torchbay.errors import ConfigError
     from torchbay_fsdp.compat import FullyShardedDataParallelPlugin
+
+    from torchbay.errors import ConfigError
 
     trainer_v2 = dict(fsdp_version=2, auto_wrap_policy="TRANSFORMER_BASED_WRAP",
                       transformer_cls_names_to_wrap="LlamaDecoderLayer", cpu_ram_efficient_loading=False,

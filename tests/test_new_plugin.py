@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 #: where a device would have to be added if torchbay were built like the tools it replaces
-REGISTRATION_FILES = ("setup.cfg", "core/torchbay/plugins.py", "core/torchbay/selection.py", "core/torchbay/device.py",
-                      "core/torchbay/config.py", "core/torchbay/checkpointing.py", "core/torchbay/builtin/__init__.py",
+REGISTRATION_FILES = ("setup.cfg", "core/torchbay/plugin/manager.py", "core/torchbay/plugin/selection.py",
+                      "core/torchbay/axes/device.py", "core/torchbay/config/model.py",
+                      "core/torchbay/checkpoint/checkpointer.py", "core/torchbay/builtin/__init__.py",
                       "core/torchbay/builtin/cpu.py", "core/torchbay/hookspecs.py")
 
 
@@ -101,7 +102,7 @@ def test_scaffolded_device_builds_installs_is_selected_and_passes_the_kit(tmp_pa
     probe.parent.mkdir()
     probe.write_text(textwrap.dedent("""
         from torchbay import Accelerator
-        from torchbay.plugins import get_plugin_manager, reset_plugin_manager
+        from torchbay.plugin.manager import get_plugin_manager, reset_plugin_manager
 
 
         def test_installed_and_selected():
@@ -123,8 +124,9 @@ def test_scaffolded_device_builds_installs_is_selected_and_passes_the_kit(tmp_pa
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
     env.update(PYTHONPATH=str(site), OMP_NUM_THREADS="1")
     # the generated tests are the whole conformance kit, run through pytest as a vendor would
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", str(package / "tests"),
-                           str(probe)], capture_output=True, text=True, timeout=500, env=env, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
+                           str(package / "tests"), str(probe)],
+                          capture_output=True, text=True, timeout=500, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
     assert "11 passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-5000:]
     assert any(line.startswith("PASSED") and "test_conformance_collectives" in line

@@ -3,7 +3,8 @@ parallel on any module, the data loader's data-parallel split, resharding checkp
 
 Three process launches in all: tests/scripts/parallel_train.py with 4 processes (FSDP 4, HSDP
 2x2, FSDP 2 x TP 2 with the Megatron plan and FSDP 2 x TP 2 with every other style, side by
-side against a single-process reference computed in the worker, and a save_state at 2 x 2), then parallel_resume.py with 4 (dp_shard 4) and with 1 process.
+side against a single-process reference computed in the worker, and a save_state at 2 x 2), then
+parallel_resume.py with 4 (dp_shard 4) and with 1 process.
 Everything else runs in this process and starts no process group.
 
 Tolerances: the N-D runs reduce gradients in another order than the single-process
@@ -169,7 +170,6 @@ def test_load_state_reshards_shard2_tp2_into_shard4_and_one_process(trained, wor
 @pytest.mark.multiprocess
 def test_merge_weights_turns_an_nd_checkpoint_into_one_safetensors_model(trained, tmp_path):
     from safetensors.torch import load_file
-
     from torchbay_fsdp.merge import merge_weights
 
     out, _ = trained
@@ -238,9 +238,9 @@ class _Cluster:
 
 
 def _context(world: int, **args):
-    from torchbay.config import resolve_config
-    from torchbay.plugins import get_plugin_manager
-    from torchbay.selection import build_context
+    from torchbay.config.resolve import resolve_config
+    from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.plugin.selection import build_context
 
     pm = get_plugin_manager()
     resolved = resolve_config(environ={}, args={"strategy": "fsdp", "device": "cpu", **args}, pm=pm)
@@ -268,7 +268,7 @@ def test_strategies_that_cannot_build_a_dimension_refuse_it_and_name_one_that_ca
     assert "select strategy: fsdp" in problem
     # dp_replicate alone is plain data parallelism: ddp builds it
     assert _context(4, strategy="ddp", **{"parallelism.dp_replicate_size": 4}).strategy_cls.name == "ddp"
-    from torchbay.plugins import get_plugin_manager
+    from torchbay.plugin.manager import get_plugin_manager
 
     if "deepspeed" in get_plugin_manager().registries()["strategies"]:
         problems = _problems(4, strategy="deepspeed", **{"parallelism.dp_shard_size": 4})
@@ -323,7 +323,6 @@ def test_tp_plan_patterns_resolve_per_module_and_bad_plans_name_the_module_and_f
 
 def test_a_models_own_tp_plan_is_used_when_none_is_given():
     from torch.distributed.tensor.parallel import ColwiseParallel
-
     from torchbay_fsdp.tensor_parallel import model_plan, to_style
 
     model = common.make_model()
@@ -342,9 +341,9 @@ def test_yaml_accelerator_argument_and_launch_flags_feed_the_parallelism_section
     import argparse
 
     from torchbay import ParallelismConfig
-    from torchbay.accelerator_args import translate
-    from torchbay.config import resolve_config
-    from torchbay.plugins import get_plugin_manager
+    from torchbay.accelerator.surface import translate
+    from torchbay.config.resolve import resolve_config
+    from torchbay.plugin.manager import get_plugin_manager
 
     pm = get_plugin_manager()
     path = tmp_path / "c.yaml"
@@ -373,8 +372,8 @@ def test_accelerator_refuses_a_parallelism_config_that_does_not_fit_one_process(
 
 
 def test_memory_estimate_divides_by_the_parallel_sizes():
-    from torchbay.config import resolve_config
-    from torchbay.plugins import get_plugin_manager
+    from torchbay.config.resolve import resolve_config
+    from torchbay.plugin.manager import get_plugin_manager
 
     pm = get_plugin_manager()
     fsdp = pm.registries()["strategies"]["fsdp"]
@@ -431,7 +430,7 @@ def test_accelerate_config_parallelism_section_imports_into_the_parallelism_sect
 
 
 def _accelerators() -> int:
-    from torchbay.plugins import get_plugin_manager
+    from torchbay.plugin.manager import get_plugin_manager
 
     cuda = get_plugin_manager().registries()["devices"].get("cuda")
     return cuda.device_count() if cuda is not None and cuda.unavailable_reason() is None else 0

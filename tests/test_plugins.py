@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from torchbay.plugins import PluginManager, hookimpl
+from torchbay.plugin.manager import PluginManager, hookimpl
 
 HERE = os.path.dirname(__file__)
 FIXTURES = os.path.join(HERE, "fixtures")
@@ -41,7 +41,8 @@ def setup_errors(site, config_file=None, **kwargs):
     """What ``Accelerator(...)`` refuses, run in a process that sees the installed test plugins."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
     full_env["PYTHONPATH"] = site
-    args = ", ".join([f"config_file={str(config_file)!r}"] * bool(config_file) + [f"{k}={v!r}" for k, v in kwargs.items()])
+    args = ", ".join([f"config_file={str(config_file)!r}"] * bool(config_file)
+                     + [f"{k}={v!r}" for k, v in kwargs.items()])
     code = ("from torchbay import Accelerator, IncompatibleSetupError\n"
             f"try:\n    Accelerator({args})\n"
             "except IncompatibleSetupError as e:\n    print(e)\n")

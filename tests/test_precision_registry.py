@@ -17,10 +17,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from torchbay import Accelerator
-from torchbay.config import resolve_config
+from torchbay.axes.precision import Precision, by_mode, engine_setting, mode_install_hint, registry_key
+from torchbay.config.resolve import resolve_config
 from torchbay.errors import ConfigError, IncompatibleSetupError
-from torchbay.plugins import PluginManager, hookimpl, reset_plugin_manager
-from torchbay.precision import Precision, by_mode, engine_setting, mode_install_hint, registry_key
+from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
 
 
 class Int4Section(BaseModel):
@@ -64,7 +64,7 @@ class StandIn:
 
     @hookimpl
     def torchbay_add_cli_options(self, parser, command):
-        from torchbay.cli._options import add_section_options
+        from torchbay.cli.options import add_section_options
 
         add_section_options(parser.add_argument_group("int4"), "int4", Int4Section)
 
@@ -139,7 +139,7 @@ def test_engine_setting_reads_the_section_named_like_the_mode():
 
 
 def test_a_plugin_section_gets_flags_like_the_core_s(pm):
-    from torchbay.cli._options import add_config_options, cli_values
+    from torchbay.cli.options import add_config_options, cli_values
 
     parser = argparse.ArgumentParser()
     add_config_options(parser, "launch", pm)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import termios
 
-from torchbay.progress import LINE_INTERVAL_S, progress_bar
+from torchbay.tracking.progress import LINE_INTERVAL_S, progress_bar
 
 LOOP = """
 import time

@@ -105,7 +105,7 @@ def test_single_file_sharded_and_sharded_then_single_are_what_accelerate_writes(
     assert set(os.listdir(acc / "again")) > set(os.listdir(tb / "again"))
 
     # torchbay's loader reads both layouts back, tied weights included
-    from torchbay.checkpoint_files import resolve_checkpoint
+    from torchbay.big_modeling.files import resolve_checkpoint
 
     for folder in (tb / "single", tb / "sharded", tb / "again"):
         files = resolve_checkpoint(folder)
@@ -146,7 +146,7 @@ def test_other_files_are_kept_and_a_weights_file_torchbay_did_not_write_is_never
 
 
 def test_shards_of_two_saves_under_one_index_are_refused_on_load(tmp_path):
-    from torchbay.checkpoint_files import resolve_checkpoint
+    from torchbay.big_modeling.files import resolve_checkpoint
 
     torchbay_saves(tmp_path / "a", "20KB", tmp_path / "b", "20KB")
     shutil.copy(tmp_path / "b" / "model-00002-of-00004.safetensors", tmp_path / "a")  # as a torn save leaves it
@@ -168,7 +168,7 @@ def test_temporaries_of_an_interrupted_save(tmp_path, caplog):
 def test_a_save_that_changed_layout_and_was_interrupted_loads_its_own_files(tmp_path):
     """Both a single file and an index of torchbay's in one folder (the save that switched layout
     stopped before removing the other): torchbay's reader takes the newer save."""
-    from torchbay.checkpoint_files import resolve_checkpoint
+    from torchbay.big_modeling.files import resolve_checkpoint
 
     torchbay_saves(tmp_path / "older_sharded", "20KB", tmp_path / "newer_single", "10GB")
     shutil.copy(tmp_path / "newer_single" / "model.safetensors", tmp_path / "older_sharded")

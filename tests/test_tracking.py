@@ -15,11 +15,12 @@ from pydantic import BaseModel, ConfigDict
 
 from torchbay import Accelerator
 from torchbay.errors import ConfigError
-from torchbay.plugins import PluginManager, hookimpl, reset_plugin_manager
+from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
 from torchbay.testing import tracking_run
 from torchbay.testing.processes import run_torchrun
-from torchbay.tracking import (GeneralTracker, JSONLinesTracker, LoggerType, TrackerError, flatten, read_jsonl,
-                               read_scalars, to_python)
+from torchbay.tracking.jsonl import JSONLinesTracker, read_jsonl, read_scalars
+from torchbay.tracking.trackers import GeneralTracker, LoggerType, TrackerError
+from torchbay.tracking.values import flatten, to_python
 
 ROOT = os.path.dirname(os.path.dirname(__file__))
 
@@ -220,7 +221,8 @@ def test_bad_tracking_values(tmp_path):
         Accelerator(project_dir=str(tmp_path), config={"tracking": {"log_dir": "x"}})
     (tmp_path / "afile").write_text("")
     with pytest.raises(ConfigError, match="is a file"):
-        Accelerator(project_dir=str(tmp_path), log_with="jsonl", config={"tracking.logging_dir": str(tmp_path / "afile")})
+        Accelerator(project_dir=str(tmp_path), log_with="jsonl",
+                    config={"tracking.logging_dir": str(tmp_path / "afile")})
 
 
 def test_a_selected_trackers_own_check_is_reported_with_the_rest(memory_pm, tmp_path):
@@ -411,8 +413,8 @@ def test_the_core_names_no_tracker_library():
 
 
 def test_import_and_plugin_loading_import_no_tracker_library():
-    code = ("import sys, torchbay; from torchbay.plugins import get_plugin_manager; pm = get_plugin_manager(); "
-            "pm.registries(); pm.config_sections(); import torchbay.tracking; "
+    code = ("import sys, torchbay; from torchbay.plugin.manager import get_plugin_manager; pm = get_plugin_manager(); "
+            "pm.registries(); pm.config_sections(); import torchbay.tracking.trackers; "
             "print(sorted(m for m in ('tensorboard', 'torch.utils.tensorboard', 'mlflow', 'wandb', 'dvclive', "
             "'trackio', 'aim', 'matplotlib') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

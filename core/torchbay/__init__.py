@@ -11,34 +11,39 @@ start) pays only for what it touches.
 import importlib
 import importlib.util
 
+from torchbay import _moved
+
+_moved.install()  # the 0.1 module paths, for one release (torchbay/_moved.py)
+
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "torchbay.accelerator": ["Accelerator"],
-    "torchbay.big_modeling": ["cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",
+    "torchbay.accelerator.accelerator": ["Accelerator"],
+    "torchbay.big_modeling.modeling": ["cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",
                               "init_empty_weights", "init_on_device", "load_checkpoint_and_dispatch"],
-    "torchbay.checkpoint_loading": ["load_checkpoint_in_model"],
-    "torchbay.device_map": ["infer_auto_device_map"],
-    "torchbay.dispatch_hooks": ["remove_hook_from_module", "remove_hook_from_submodules"],
-    "torchbay.checkpointing": ["CheckpointIO"],
-    "torchbay.cluster": ["ClusterEnvironment"],
-    "torchbay.config": ["resolve_config"],
-    "torchbay.device": ["DeviceBackend"],
+    "torchbay.big_modeling.loading": ["load_checkpoint_in_model"],
+    "torchbay.big_modeling.infer": ["infer_auto_device_map"],
+    "torchbay.big_modeling.hooks": ["remove_hook_from_module", "remove_hook_from_submodules"],
+    "torchbay.axes.checkpoint_io": ["CheckpointIO"],
+    "torchbay.axes.cluster": ["ClusterEnvironment"],
+    "torchbay.config.resolve": ["resolve_config"],
+    "torchbay.axes.device": ["DeviceBackend"],
     "torchbay.errors": ["CheckpointError", "ConfigError", "IncompatibleSetupError", "LaunchError", "PluginError",
                         "TorchbayError"],
-    "torchbay.kwargs": ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
+    "torchbay.config.handlers": ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
                         "DistributedDataParallelKwargs", "GradientAccumulationPlugin", "GradScalerKwargs",
                         "InitProcessGroupKwargs", "ProfileKwargs", "ProjectConfiguration"],
-    "torchbay.data": ["prepare_data_loader", "skip_first_batches"],
-    "torchbay.helpers": ["find_executable_batch_size"],
-    "torchbay.launchers": ["debug_launcher", "notebook_launcher"],
-    "torchbay.parallelism_config": ["ParallelismConfig"],
-    "torchbay.state": ["AcceleratorState", "DistributedType", "PartialState"],
-    "torchbay.wrappers": ["GradientState"],
-    "torchbay.plugins": ["PluginManager", "get_plugin_manager", "hookimpl"],
-    "torchbay.precision": ["Precision"],
-    "torchbay.strategy": ["Strategy"],
-    "torchbay.utils": ["get_logger", "set_seed", "synchronize_rng_states", "tqdm"],
+    "torchbay.data.loader": ["prepare_data_loader", "skip_first_batches"],
+    "torchbay.compat.helpers": ["find_executable_batch_size"],
+    "torchbay.launch.notebook": ["debug_launcher", "notebook_launcher"],
+    "torchbay.distributed.parallelism_config": ["ParallelismConfig"],
+    "torchbay.process.state": ["AcceleratorState", "DistributedType", "PartialState"],
+    "torchbay.data.gradient_state": ["GradientState"],
+    "torchbay.plugin.manager": ["PluginManager", "get_plugin_manager", "hookimpl"],
+    "torchbay.axes.precision": ["Precision"],
+    "torchbay.axes.strategy": ["Strategy"],
+    "torchbay.process.seeding": ["set_seed", "synchronize_rng_states"],
+    "torchbay.utils": ["get_logger", "tqdm"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)
@@ -48,7 +53,7 @@ def __getattr__(name):
     if name not in _WHERE:
         if name.startswith("_") or importlib.util.find_spec(f"torchbay.{name}") is not None:
             raise AttributeError(f"module 'torchbay' has no attribute {name!r}")  # (submodules import as usual)
-        compat_names = importlib.import_module("torchbay.compat_names")  # Accelerate names: plugins or refusals
+        compat_names = importlib.import_module("torchbay.compat.names")  # Accelerate names: plugins or refusals
         value = compat_names.resolve(name)
         if value is compat_names.MISSING:
             raise AttributeError(f"module 'torchbay' has no attribute {name!r}")

@@ -43,3 +43,10 @@ class CheckpointError(TorchbayError):
 
 class LaunchError(TorchbayError):
     """Processes could not be started, or a rank failed."""
+
+
+class UnsupportedAPIError(TorchbayError, AttributeError, NotImplementedError):
+    """An Accelerate name that torchbay does not offer; the message says what to use instead.
+
+    An AttributeError, so that such a name is a missing attribute (``hasattr`` is False) whose message says why.
+    """

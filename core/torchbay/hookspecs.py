@@ -2,7 +2,7 @@
 
 A plugin is a module or object with functions named like the hooks below, decorated with
 ``torchbay.hookimpl``; it is found through the entry-point group ``torchbay`` (see
-:mod:`torchbay.plugins`). The built-in plugins under ``torchbay.builtin`` use these same
+:mod:`torchbay.plugin.manager`). The built-in plugins under ``torchbay.builtin`` use these same
 hooks.
 
 Hooks are for two things only:
@@ -14,8 +14,8 @@ Hooks are for two things only:
 
 Every per-run decision (launch environment, validation of the selected set-up, process
 set-up, ``prepare``, every training step, checkpoints, memory estimates) is a method of the
-selected :class:`~torchbay.device.DeviceBackend`, :class:`~torchbay.strategy.Strategy`,
-:class:`~torchbay.precision.Precision` or :class:`~torchbay.checkpoint_io.CheckpointIO`:
+selected :class:`~torchbay.plugin.DeviceBackend`, :class:`~torchbay.plugin.Strategy`,
+:class:`~torchbay.plugin.Precision` or :class:`~torchbay.plugin.CheckpointIO`:
 only the selected object runs it, so no plugin asks "am I the selected one?".
 ``docs/architecture.md`` draws the path from config to those objects.
 
@@ -39,14 +39,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from pydantic import BaseModel
 
-    from torchbay.checkpoint_io import CheckpointIO
-    from torchbay.cluster import ClusterEnvironment
-    from torchbay.context import RunContext
-    from torchbay.device import DeviceBackend
-    from torchbay.plugins import PluginManager
-    from torchbay.precision import Precision
-    from torchbay.strategy import Strategy
-    from torchbay.tracking import GeneralTracker
+    from torchbay.axes.checkpoint_io import CheckpointIO
+    from torchbay.axes.cluster import ClusterEnvironment
+    from torchbay.axes.device import DeviceBackend
+    from torchbay.axes.precision import Precision
+    from torchbay.axes.strategy import Strategy
+    from torchbay.plugin.context import RunContext
+    from torchbay.tracking.trackers import GeneralTracker
 
 hookspec = pluggy.HookspecMarker("torchbay")
 
@@ -61,7 +60,7 @@ def torchbay_register_devices() -> list[type[DeviceBackend]]:
     Each class has a unique ``name`` (``config.device`` selects it) and a ``priority``
     (higher wins when ``device: auto`` picks among the available ones).
 
-    :return: a list of :class:`~torchbay.device.DeviceBackend` subclasses.
+    :return: a list of :class:`~torchbay.plugin.DeviceBackend` subclasses.
     """
 
 
@@ -69,7 +68,7 @@ def torchbay_register_devices() -> list[type[DeviceBackend]]:
 def torchbay_register_strategies() -> list[type[Strategy]]:
     """Return the strategy classes this plugin provides (selected by ``config.strategy``).
 
-    :return: a list of :class:`~torchbay.strategy.Strategy` subclasses, each with a unique
+    :return: a list of :class:`~torchbay.plugin.Strategy` subclasses, each with a unique
         ``name``.
     """
 
@@ -84,7 +83,7 @@ def torchbay_register_precisions() -> list[type[Precision]]:
     available engine of highest ``priority``), e.g. FP8: ``name = "fp8"``, ``engine = "te"``.
     Classes are keyed by ``(name, engine)``.
 
-    :return: a list of :class:`~torchbay.precision.Precision` subclasses.
+    :return: a list of :class:`~torchbay.plugin.Precision` subclasses.
     """
 
 
@@ -94,7 +93,7 @@ def torchbay_register_checkpoint_io() -> list[type[CheckpointIO]]:
 
     ``config.checkpoint.io`` selects the one that writes model weights.
 
-    :return: a list of :class:`~torchbay.checkpoint_io.CheckpointIO` subclasses.
+    :return: a list of :class:`~torchbay.plugin.CheckpointIO` subclasses.
     """
 
 
@@ -105,7 +104,7 @@ def torchbay_register_cluster_environments() -> list[type[ClusterEnvironment]]:
     The first class (by ``priority``, highest first) whose ``detect()`` is true describes
     the current process.
 
-    :return: a list of :class:`~torchbay.cluster.ClusterEnvironment` subclasses.
+    :return: a list of :class:`~torchbay.plugin.ClusterEnvironment` subclasses.
     """
 
 
@@ -113,7 +112,7 @@ def torchbay_register_cluster_environments() -> list[type[ClusterEnvironment]]:
 def torchbay_register_trackers() -> list[type[GeneralTracker]]:
     """Return the experiment-tracker classes this plugin provides (one per tracking library).
 
-    Each class is a :class:`~torchbay.tracking.GeneralTracker` subclass with a unique
+    Each class is a :class:`~torchbay.plugin.GeneralTracker` subclass with a unique
     ``name``; ``tracking.log_with`` (``Accelerator(log_with=...)``, ``--log-with``) selects
     trackers by name, ``"all"`` every installed one. Only the selected classes are asked
     anything (``unavailable_reason``, ``check``, ``logging_dir_for``, ``create``), so returning
@@ -121,7 +120,7 @@ def torchbay_register_trackers() -> list[type[GeneralTracker]]:
     section named after it, contributed through :func:`torchbay_config_sections`. The core
     registers the built-in ``jsonl`` tracker through this hook.
 
-    :return: a list of :class:`~torchbay.tracking.GeneralTracker` subclasses.
+    :return: a list of :class:`~torchbay.plugin.GeneralTracker` subclasses.
     """
 
 
@@ -132,7 +131,7 @@ def torchbay_config_sections() -> dict[str, type[BaseModel]]:
     Each model should use ``extra="forbid"``; the section appears at the top level of the
     config tree (``mysection:`` in YAML, ``TORCHBAY_MYSECTION__KEY`` in the environment,
     ``Accelerator(config={"mysection": {...}})``). A section whose name is a core key or
-    another plugin's section disables the plugin that returned it (see :mod:`torchbay.plugins`).
+    another plugin's section disables the plugin that returned it (see :mod:`torchbay.plugin.manager`).
 
     :return: a mapping of section name to a pydantic model class with defaults.
     """
@@ -150,7 +149,7 @@ def torchbay_accelerate_mapping() -> dict[str, Any]:
     (``accelerate_api.yaml``) its ``is_<name>_available`` entries, the Accelerate names it
     re-exports (``plugin_names``) or refuses (``unsupported``). Keep the data in a YAML file
     inside the plugin's package and return
-    ``torchbay.accelerate_import.read_fragment(__package__)``.
+    ``torchbay.plugin.read_fragment(__package__)``.
 
     Called only when the import or an Accelerate name (``torchbay.utils.is_x_available``...)
     needs the tables, never at ``import torchbay`` or ``Accelerator()``. Fragments are merged
@@ -197,7 +196,8 @@ def torchbay_validate(context: RunContext) -> list[str] | None:
     own point of view (its own settings, a library version it needs).
 
     The selected device, strategy and precision check themselves in their ``check``
-    classmethods; this hook is for plugins that are not one of them. Every plugin's complaints are collected and reported together in one
+    classmethods; this hook is for plugins that are not one of them. Every plugin's complaints are
+    collected and reported together in one
     :class:`~torchbay.errors.IncompatibleSetupError`.
 
     ``torchbay plugins`` and ``torchbay env`` call it too, once, with the configured set-up and

@@ -19,7 +19,8 @@ import time
 import torch
 
 from torchbay import Accelerator, CheckpointError
-from torchbay import checkpoint_dir as ckdir
+from torchbay.checkpoint import files as ckfiles
+from torchbay.checkpoint import publish as ckdir
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--mode", required=True)
@@ -45,7 +46,8 @@ def train(acc, model, opt, steps=2):
 def snapshot(model, opt):
     module = getattr(model, "module", model)
     return ({k: v.clone() for k, v in module.state_dict().items()},
-            {i: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)} for i, s in opt.state_dict()["state"].items()})
+            {i: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)}
+             for i, s in opt.state_dict()["state"].items()})
 
 
 def same(model, opt, expected) -> bool:
@@ -54,7 +56,7 @@ def same(model, opt, expected) -> bool:
             and all(torch.equal(states[i][k], expected[1][i][k]) for i in states for k in states[i]))
 
 
-original_write = ckdir.RecordingWriter.write
+original_write = ckfiles.RecordingWriter.write
 
 
 def slow_writes(seconds: float, only_rank: int | None = None) -> None:
@@ -64,7 +66,7 @@ def slow_writes(seconds: float, only_rank: int | None = None) -> None:
             time.sleep(seconds)
         return original_write(self, data)
 
-    ckdir.RecordingWriter.write = write
+    ckfiles.RecordingWriter.write = write
 
 
 if args.mode == "kill":
@@ -82,7 +84,7 @@ if args.mode == "kill":
             time.sleep(3600)  # the background write never finishes: the process is killed here
         return original_write(self, data)
 
-    ckdir.RecordingWriter.write = write
+    ckfiles.RecordingWriter.write = write
     train(acc, model, opt)
     handle = acc.save_state(os.path.join(args.ckpt, "second"), blocking=False)  # replaces a published one
     held.wait(60)
@@ -117,14 +119,14 @@ elif args.mode == "ranks":
     acc.load_state(os.path.join(args.ckpt, "good"))
     result["equal_at_call"] = same(model, opt, expected)
 
-    original = ckdir.torch_save_recorded
+    original = ckfiles.torch_save_recorded
 
     def failing(obj, path):
         if rank == 1 and os.path.basename(path) == "rng_state_1.pt":
             raise OSError(28, "No space left on device (injected on rank 1)")
         return original(obj, path)
 
-    ckdir.torch_save_recorded = failing
+    ckfiles.torch_save_recorded = failing
     handle = acc.save_state(os.path.join(args.ckpt, "bad"), blocking=False)
     train(acc, model, opt)
     try:
@@ -132,7 +134,7 @@ elif args.mode == "ranks":
         result["error"] = None
     except CheckpointError as exc:
         result["error"] = str(exc)
-    ckdir.torch_save_recorded = original
+    ckfiles.torch_save_recorded = original
     result["bad_exists"] = os.path.exists(os.path.join(args.ckpt, "bad"))
     acc.wait_for_everyone()
     result["bad_partial_exists"] = os.path.exists(os.path.join(args.ckpt, "bad.partial"))
@@ -167,7 +169,8 @@ elif args.mode == "fsdp":
 
     def fsdp_snapshot():  # collectives: every rank, main thread
         return ({k: full(v) for k, v in model.state_dict().items()},
-                {i: {k: full(v) for k, v in st.items() if torch.is_tensor(v)} for i, st in opt.state_dict()["state"].items()})
+                {i: {k: full(v) for k, v in st.items() if torch.is_tensor(v)}
+                 for i, st in opt.state_dict()["state"].items()})
 
     def fsdp_same(expected):
         now = fsdp_snapshot()

@@ -9,8 +9,13 @@ import warnings
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from torchbay import (Accelerator, DDPCommunicationHookType, DistributedDataParallelKwargs,
-                      GradientAccumulationPlugin, PartialState)
+from torchbay import (
+    Accelerator,
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    PartialState,
+)
 from torchbay.utils import broadcast, gather, get_logger, pad_across_processes, reduce
 
 out_dir = sys.argv[1]

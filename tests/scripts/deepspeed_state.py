@@ -8,10 +8,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from deepspeed_common import BATCH, Net, dataset, init_group, write  # noqa: E402
-
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from deepspeed_common import BATCH, Net, dataset, init_group, write  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
@@ -76,8 +75,9 @@ def gathered(acc, model):
 
 
 if args.resume_elsewhere:
-    from torchbay.errors import CheckpointError
     from safetensors.torch import load_file
+
+    from torchbay.errors import CheckpointError
 
     out = {}
     acc, student, teacher, opt, loader = build(teacher_seed=7)

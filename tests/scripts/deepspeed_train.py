@@ -10,9 +10,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from deepspeed_common import init_group, train, write  # noqa: E402
-
 import torch.distributed as dist  # noqa: E402
+from deepspeed_common import init_group, train, write  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)

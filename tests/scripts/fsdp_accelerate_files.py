@@ -19,8 +19,13 @@ from fsdp_common import full_state, local_batch, make_model, max_diff, write_jso
 
 from torchbay import Accelerator
 from torchbay.errors import CheckpointError
-from torchbay.utils import (FullyShardedDataParallelPlugin, load_fsdp_model, load_fsdp_optimizer, save_fsdp_model,
-                            save_fsdp_optimizer)
+from torchbay.utils import (
+    FullyShardedDataParallelPlugin,
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    save_fsdp_model,
+    save_fsdp_optimizer,
+)
 
 K, LR = 3, 0.05
 

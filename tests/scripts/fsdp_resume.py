@@ -10,7 +10,7 @@ import os
 
 import torch
 from fsdp_common import full_state, make_model, max_diff, out_dir, write_json
-from fsdp_train import K, LR, S, train
+from fsdp_train import LR, K, S, train
 
 from torchbay import Accelerator
 

@@ -18,8 +18,22 @@ from __future__ import annotations
 import os
 
 import torch
-from parallel_common import (GLOBAL_BATCH, LR, PLAN, S, dataset, every_style_plan, full_state, local_param_bytes,
-                             loss_of, make_model, max_diff, out_dir, reference, write_json)
+from parallel_common import (
+    GLOBAL_BATCH,
+    LR,
+    PLAN,
+    S,
+    dataset,
+    every_style_plan,
+    full_state,
+    local_param_bytes,
+    loss_of,
+    make_model,
+    max_diff,
+    out_dir,
+    reference,
+    write_json,
+)
 
 from torchbay import Accelerator, ParallelismConfig
 

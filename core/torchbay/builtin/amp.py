@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from torchbay.kwargs import AutocastKwargs, GradScalerKwargs
-from torchbay.plugins import hookimpl
-from torchbay.precision import Precision
+from torchbay.axes.precision import Precision
+from torchbay.config.handlers import AutocastKwargs, GradScalerKwargs
+from torchbay.errors import CheckpointError
+from torchbay.plugin.manager import hookimpl
 
 
 class AutocastPrecision(Precision):
@@ -71,7 +72,6 @@ class FP16Precision(AutocastPrecision):
 
     def load_state_dict(self, state) -> None:
         if "scaler" not in state:
-            from torchbay.errors import CheckpointError
 
             raise CheckpointError("precision: the checkpoint has no fp16 loss-scaler state (was it saved with fp16?)")
         self.scaler.load_state_dict(state["scaler"])

@@ -7,35 +7,12 @@ from pathlib import Path
 
 import torch
 
-from torchbay.checkpoint_io import CheckpointIO
+from torchbay.axes.checkpoint_io import CheckpointIO
+from torchbay.checkpoint.files import dcp_files_of_rank, dedupe_shared
+from torchbay.checkpoint.inplace import plan_safetensors, run_reads
+from torchbay.checkpoint.safe_load import dcp_load, dcp_load_full
 from torchbay.errors import CheckpointError
-from torchbay.plugins import hookimpl
-
-
-def _dedupe_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """safetensors refuses tensors that share memory: keep one name, remember the aliases."""
-    kept: dict[str, torch.Tensor] = {}
-    aliases: dict[str, str] = {}
-    seen: dict[tuple, str] = {}
-    for name, tensor in state.items():
-        tensor = tensor.detach()
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-               tuple(tensor.stride()), tensor.dtype, tensor.device) if tensor.numel() else None
-        if key is not None and key in seen:
-            aliases[name] = seen[key]
-            continue
-        if key is not None:
-            seen[key] = name
-        kept[name] = tensor
-    storages: dict[int, int] = {}
-    for name, tensor in kept.items():  # partial overlaps (views): copy to stand alone
-        ptr = tensor.untyped_storage().data_ptr() if tensor.numel() else id(tensor)
-        storages[ptr] = storages.get(ptr, 0) + 1
-    for name, tensor in list(kept.items()):
-        ptr = tensor.untyped_storage().data_ptr() if tensor.numel() else id(tensor)
-        if storages[ptr] > 1:
-            kept[name] = tensor.clone()
-    return kept, aliases
+from torchbay.plugin.manager import hookimpl
 
 
 class SafetensorsCheckpointIO(CheckpointIO):
@@ -49,7 +26,7 @@ class SafetensorsCheckpointIO(CheckpointIO):
 
         # non-tensor entries (e.g. a module's pickled ``_extra_state``) cannot go into safetensors;
         # plugins that need such state save it through torchbay_state_extra
-        tensors, aliases = _dedupe_shared({k: v for k, v in state.items() if isinstance(v, torch.Tensor)})
+        tensors, aliases = dedupe_shared({k: v for k, v in state.items() if isinstance(v, torch.Tensor)})
         tensors = {k: v.contiguous().cpu() for k, v in tensors.items()}
         split = split_torch_state_dict_into_shards(tensors, filename_pattern=stem + "{suffix}.safetensors",
                                                    max_shard_size=self.max_shard_size)
@@ -77,8 +54,6 @@ class SafetensorsCheckpointIO(CheckpointIO):
         return ([single], {}) if single.exists() else None
 
     def in_place_reads(self, directory: Path, stem: str, template):
-        from torchbay.checkpoint_inplace import plan_safetensors
-
         found = self._files(directory, stem)
         return None if found is None else plan_safetensors(found[0], found[1], template)
 
@@ -86,8 +61,6 @@ class SafetensorsCheckpointIO(CheckpointIO):
         """The tensors of ``stem``; with a ``template`` (a module's ``state_dict()``) they are
         read straight into its tensors when every one fits, and the template is returned."""
         from safetensors.torch import load_file
-
-        from torchbay.checkpoint_inplace import run_reads
 
         found = self._files(directory, stem)
         if found is None:
@@ -134,20 +107,10 @@ class DCPCheckpointIO(CheckpointIO):
         return (directory / stem / ".metadata").exists()
 
     def load_state_dict(self, directory: Path, stem: str, device: str = "cpu", template=None):
-        from torchbay.safe_load import dcp_load, dcp_load_full
-
         if template is not None:
             return dcp_load(template, directory / stem, trusted=self.trusted)
         return dcp_load_full(directory / stem, trusted=self.trusted)
 
-
-def dcp_files_of_rank(directory: Path, stem: str) -> list[str]:
-    """The files of DCP checkpoint ``directory/stem`` that this rank wrote (rank 0 also the metadata)."""
-    import torch.distributed as dist
-
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    return [f"{stem}/{path.name}" for path in sorted((directory / stem).iterdir())
-            if path.name.startswith(f"__{rank}_") or (rank == 0 and not path.name.startswith("__"))]
 
 
 @hookimpl

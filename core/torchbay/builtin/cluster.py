@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import re
 
-from torchbay.cluster import ClusterEnvironment
-from torchbay.plugins import hookimpl
+from torchbay.axes.cluster import ClusterEnvironment
+from torchbay.plugin.manager import hookimpl
 
 
 class TorchrunEnvironment(ClusterEnvironment):

@@ -6,8 +6,8 @@ import os
 
 import torch
 
-from torchbay.device import DeviceBackend
-from torchbay.plugins import hookimpl
+from torchbay.axes.device import DeviceBackend
+from torchbay.plugin.manager import hookimpl
 
 
 def _proc_status_kib(field: str) -> int:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import platform
 
-from torchbay.plugins import hookimpl
+from torchbay.plugin.info import _own_version
+from torchbay.plugin.manager import hookimpl
 
 
 @hookimpl
 def torchbay_report_env() -> dict:
     import torch
-
-    from torchbay.plugins import _own_version
 
     return {"torchbay": _own_version(), "torch": torch.__version__, "python": platform.python_version(),
             "platform": platform.platform(), "torch accelerator":

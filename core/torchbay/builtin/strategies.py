@@ -9,9 +9,9 @@ import weakref
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from torchbay.kwargs import DistributedDataParallelKwargs
-from torchbay.plugins import hookimpl
-from torchbay.strategy import Strategy
+from torchbay.axes.strategy import Strategy
+from torchbay.config.handlers import DistributedDataParallelKwargs
+from torchbay.plugin.manager import hookimpl
 
 
 class SingleStrategy(Strategy):

@@ -4,18 +4,16 @@ every other set-up problem, before any process group starts."""
 
 from __future__ import annotations
 
-from torchbay.plugins import hookimpl
+from torchbay.plugin.manager import hookimpl
+from torchbay.tracking.jsonl import JSONLinesTracker
+from torchbay.tracking.trackers import tracking_problems
 
 
 @hookimpl
 def torchbay_register_trackers() -> list:
-    from torchbay.tracking_jsonl import JSONLinesTracker
-
     return [JSONLinesTracker]
 
 
 @hookimpl
 def torchbay_validate(context) -> list[str]:
-    from torchbay.tracking import tracking_problems
-
     return tracking_problems(context)

@@ -5,7 +5,7 @@
 says host memory can be pinned), starts one writer thread and returns an :class:`AsyncSave`.
 The thread runs the same writer as a synchronous save (``Strategy.save_checkpoint``, the same
 ``torch_save_recorded`` files, fsync'ed and hashed) into ``<dir>.partial``; the publish
-(manifest, rename, rotation) is the same code too (:mod:`torchbay.checkpointing`).
+(manifest, rename, rotation) is the same code too (:mod:`torchbay.checkpoint.checkpointer`).
 
 Where collectives happen: never in the writer thread. With one process the thread also
 publishes (nothing to agree on). With several, the cross-rank agreement (every rank's part

@@ -34,8 +34,10 @@ from typing import Any
 
 import torch
 
-from torchbay.checkpoint_dir import fsync_dir as fsync_path  # (a file or a folder alike)
+from torchbay.checkpoint.files import dedupe_shared
+from torchbay.checkpoint.files import fsync_dir as fsync_path
 from torchbay.errors import CheckpointError
+from torchbay.plugin.info import _own_version as version
 
 log = logging.getLogger("torchbay")
 
@@ -88,12 +90,10 @@ class ModelFolder:
         """Write ``state`` as Accelerate's ``save_model`` does; the names written."""
         from huggingface_hub import split_torch_state_dict_into_shards
 
-        from torchbay.builtin.checkpoint_io import _dedupe_shared
-
         self._open()
         previous = self._own_weights_files()
         self._remove_own_temporaries()
-        tensors, aliases = _dedupe_shared({k: v for k, v in state.items() if isinstance(v, torch.Tensor)})
+        tensors, aliases = dedupe_shared({k: v for k, v in state.items() if isinstance(v, torch.Tensor)})
         tensors = {name: tensor.contiguous().cpu() for name, tensor in tensors.items()}
         split = split_torch_state_dict_into_shards(tensors, filename_pattern="model{suffix}.safetensors",
                                                    max_shard_size=max_shard_size)
@@ -197,6 +197,4 @@ def check_one_save(index: Path, files: list[Path]) -> None:
 
 
 def _own_version() -> str:
-    from torchbay.plugins import _own_version as version
-
     return version()

@@ -47,7 +47,7 @@ class AccelerateLaunchFlags:
     def table(self) -> dict[str, Any]:
         """The Accelerate tables, read only when a flag is not torchbay's own."""
         if self._table is None:
-            from torchbay.accelerate_import import mapping_table
+            from torchbay.compat.config_import import mapping_table
 
             self._table = mapping_table(self._pm)
         return self._table
@@ -94,7 +94,7 @@ class AccelerateLaunchFlags:
                 raise ConfigError(f"--{key} (accelerate launch's) needs a value", header="bad command line")
             flag, given = self.dests.get(values[key]), value if eq else nxt
             return ([flag, given] if flag else [f"--set={values[key]}={given}"]), 0 if eq else 1
-        from torchbay.published import LAUNCH_SWITCH, distribution_for
+        from torchbay.plugin.published import LAUNCH_SWITCH, distribution_for
 
         serving = distribution_for(LAUNCH_SWITCH, key)
         if serving:  # a plugin's switch, and that plugin is not installed

@@ -9,11 +9,11 @@ import typing
 from pathlib import Path
 from typing import Any, Callable
 
-from torchbay.cli._options import DEFAULT_CONFIG_FILE as DEFAULT_OUTPUT
+from torchbay.cli.options import DEFAULT_CONFIG_FILE as DEFAULT_OUTPUT
 
 
 def register(subparsers) -> None:
-    from torchbay.cli._options import add_config_options
+    from torchbay.cli.options import add_config_options
 
     parser = subparsers.add_parser(
         "config", help="write a config (questionnaire or --default), show, schema, validate, import-accelerate",
@@ -52,8 +52,8 @@ def register(subparsers) -> None:
 def show_command(args: argparse.Namespace) -> int:
     import yaml
 
-    from torchbay.cli._options import flag_for, resolve_from_args
-    from torchbay.launcher import describe_source
+    from torchbay.cli.options import flag_for, resolve_from_args
+    from torchbay.launch.plan import describe_source
 
     resolved = resolve_from_args(args)
     if args.format == "json":
@@ -76,16 +76,16 @@ def show_command(args: argparse.Namespace) -> int:
 
 
 def schema_command(args: argparse.Namespace) -> int:
-    from torchbay.config import config_model
+    from torchbay.config.resolve import config_model
 
     print(json.dumps(config_model().model_json_schema(), indent=2))
     return 0
 
 
 def validate_command(args: argparse.Namespace) -> int:
-    from torchbay.config import resolve_config
-    from torchbay.launcher import prepare
-    from torchbay.plugins import get_plugin_manager
+    from torchbay.config.resolve import resolve_config
+    from torchbay.launch.plan import prepare
+    from torchbay.plugin.manager import get_plugin_manager
 
     pm = get_plugin_manager()
     resolved = resolve_config(file=args.file, environ={}, pm=pm)  # the file alone, not this shell's env
@@ -116,7 +116,7 @@ def _refuse_overwrite(path: str, force: bool) -> None:
 
 
 def import_command(args: argparse.Namespace) -> int:
-    from torchbay.accelerate_import import import_file, to_yaml
+    from torchbay.compat.config_import import import_file, to_yaml
 
     tree, report = import_file(args.file)
     text = to_yaml(tree, report, args.file)
@@ -293,7 +293,7 @@ def _ask_trackers(asker: Asker, pm, registry: dict[str, Any], tree: dict[str, An
 def _ask_precision(asker: Asker, pm, registry: dict[str, Any], device_cls, tree: dict[str, Any]) -> None:
     """Ask for ``mixed_precision`` and, for a mode several engines serve, which engine (written
     as ``<mode>.backend``); autocast modes the device does not support are not offered."""
-    from torchbay.precision import by_mode
+    from torchbay.axes.precision import by_mode
 
     modes = by_mode(registry)
     offered = []
@@ -314,7 +314,7 @@ def _ask_precision(asker: Asker, pm, registry: dict[str, Any], device_cls, tree:
 
 def default_tree(pm) -> dict[str, Any]:
     """A sensible config for this machine: its best device, one process per device."""
-    from torchbay.selection import select_device
+    from torchbay.plugin.selection import select_device
 
     problems: list[str] = []
     device_cls = select_device("auto", pm.registries()["devices"], pm, problems)
@@ -332,8 +332,8 @@ def default_tree(pm) -> dict[str, Any]:
 def questionnaire_command(args: argparse.Namespace, asker: Asker | None = None) -> int:
     import yaml
 
-    from torchbay.config import resolve_config
-    from torchbay.plugins import get_plugin_manager
+    from torchbay.config.resolve import resolve_config
+    from torchbay.plugin.manager import get_plugin_manager
 
     pm = get_plugin_manager()
     _refuse_overwrite(args.output, args.force)

@@ -19,8 +19,8 @@ def _found_config_file() -> str | None:
     """./torchbay.yaml when no config file is named, as torchbay launch reads it."""
     import os
 
-    from torchbay.cli._options import DEFAULT_CONFIG_FILE
-    from torchbay.config_files import CONFIG_FILE_ENV
+    from torchbay.cli.options import DEFAULT_CONFIG_FILE
+    from torchbay.config.files import CONFIG_FILE_ENV
 
     if not os.environ.get(CONFIG_FILE_ENV) and os.path.isfile(DEFAULT_CONFIG_FILE):
         return DEFAULT_CONFIG_FILE
@@ -37,12 +37,13 @@ def collect(pm, config_file: str | None = None) -> dict[str, Any]:
     """Everything ``torchbay env`` prints, as plain data."""
     import os
 
-    from torchbay.config import RESOLVED_ENV, resolve_config
+    from torchbay.config.model import RESOLVED_ENV
+    from torchbay.config.resolve import resolve_config
 
     report: dict[str, Any] = {"versions": {}, "plugins": [], "backends": {}, "devices": [], "config": {}}
     try:
         pm.config_sections()  # a plugin failing here is listed as failed below
-        from torchbay.selection import probe_run_hooks
+        from torchbay.plugin.selection import probe_run_hooks
 
         probe_run_hooks(pm, config_file)  # and one failing in torchbay_validate / torchbay_state_extra
     except Exception:
@@ -87,7 +88,7 @@ def collect(pm, config_file: str | None = None) -> dict[str, Any]:
                 entry["memory"] = f"unknown ({type(exc).__name__}: {exc})"
         report["devices"].append(entry)
     report["trackers"] = _trackers(registries["trackers"])
-    from torchbay.cluster import detect_cluster_environment
+    from torchbay.axes.cluster import detect_cluster_environment
 
     cluster = detect_cluster_environment(registries["cluster_environments"])
     report["cluster"] = cluster.describe()
@@ -97,7 +98,7 @@ def collect(pm, config_file: str | None = None) -> dict[str, Any]:
         report["config"] = {k: {"value": v, "source": resolved.source_of(k)} for k, v in resolved.flat().items()
                             if resolved.source_of(k) != "default"}
         report["config_file"] = config_file or os.environ.get("TORCHBAY_CONFIG_FILE") or "none"
-        from torchbay.tracking import where_logs_go
+        from torchbay.tracking.trackers import where_logs_go
 
         report["tracking"] = where_logs_go(resolved.config, registries["trackers"])
     except Exception as exc:
@@ -121,7 +122,7 @@ def _trackers(registry: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def env_command(args: argparse.Namespace) -> int:
-    from torchbay.plugins import get_plugin_manager
+    from torchbay.plugin.manager import get_plugin_manager
 
     report = collect(get_plugin_manager(), args.config_file or _found_config_file())
     if args.format == "json":

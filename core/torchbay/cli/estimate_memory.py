@@ -13,21 +13,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from torchbay.errors import IncompatibleSetupError
 
-
 #: the core settings the estimate reads (every strategy and precision is estimated; other keys: --set)
 ESTIMATE_KEYS = ("launch.num_processes", "launch.nproc_per_node", "launch.num_machines")
 
 
 def register(subparsers) -> None:
-    from torchbay.cli._options import add_config_options
+    from torchbay.cli.options import add_config_options
 
     parser = subparsers.add_parser("estimate-memory", help="per-process memory of a model for each strategy "
                                    "and precision (no activations)", description=__doc__.split("\n\n", 1)[1])
@@ -79,7 +78,7 @@ def safetensors_shapes(path: Path) -> dict[str, dict[str, Any]]:
     files = _weight_files(path) if path.is_dir() else [path]
     if not files:
         raise _error(f"'{path}' holds no *.safetensors file")
-    from torchbay.checkpoint_inplace import read_header_json
+    from torchbay.checkpoint.inplace import read_header_json
 
     out = {}
     for file in files:
@@ -96,7 +95,7 @@ def meta_model(shapes: dict[str, dict[str, Any]]):
     """A module tree on the meta device with one parameter per checkpoint tensor (for placement)."""
     import torch
 
-    from torchbay.checkpoint_inplace import SAFETENSORS_DTYPES
+    from torchbay.checkpoint.inplace import SAFETENSORS_DTYPES
 
     root = torch.nn.Module()
     for name, meta in shapes.items():
@@ -114,8 +113,8 @@ def meta_model(shapes: dict[str, dict[str, Any]]):
 
 def auto_device_map(model) -> dict[str, Any]:
     """What ``device_map="auto"`` chooses here: the budgets, the map, and bytes per device."""
-    from torchbay.device_map import compute_module_sizes, get_max_memory
-    from torchbay.device_map_infer import get_balanced_memory, infer_auto_device_map
+    from torchbay.big_modeling.device_map import compute_module_sizes, get_max_memory
+    from torchbay.big_modeling.infer import get_balanced_memory, infer_auto_device_map
 
     budgets = get_max_memory()
     device_map = infer_auto_device_map(model, max_memory=get_balanced_memory(model, budgets))
@@ -185,8 +184,8 @@ def _refuse_arguments(spec: str, factory) -> None:
 
 
 def estimate(counts: dict[str, int], resolved, pm, world_size: int, module: Any = None) -> list[dict[str, Any]]:
-    from torchbay.parallelism_config import parallel_sizes, validate_sizes
-    from torchbay.precision import by_mode
+    from torchbay.axes.precision import by_mode
+    from torchbay.distributed.parallelism_config import parallel_sizes, validate_sizes
 
     registries = pm.registries()
     modes = list(by_mode(registries["precisions"]))  # every registered mode, once (engines share a row)
@@ -217,7 +216,8 @@ def estimate(counts: dict[str, int], resolved, pm, world_size: int, module: Any 
             try:
                 found = cls.estimate_memory(config, world_size, strategy_counts)
             except IncompatibleSetupError as refused:  # a combination the strategy would refuse to run
-                rows.append({"strategy": name, "precision": mode, "estimate": None, "note": "refused: " + "; ".join(refused.problems)})
+                rows.append({"strategy": name, "precision": mode, "estimate": None,
+                             "note": "refused: " + "; ".join(refused.problems)})
                 continue
             if found is None:
                 rows.append({"strategy": name, "precision": mode, "estimate": None,
@@ -238,9 +238,9 @@ def _gib(n: int) -> str:
 
 
 def estimate_command(args: argparse.Namespace) -> int:
-    from torchbay.cli._options import resolve_from_args
-    from torchbay.parallelism_config import parallel_sizes
-    from torchbay.plugins import get_plugin_manager
+    from torchbay.cli.options import resolve_from_args
+    from torchbay.distributed.parallelism_config import parallel_sizes
+    from torchbay.plugin.manager import get_plugin_manager
 
     pm = get_plugin_manager()
     resolved = resolve_from_args(args, pm=pm)

@@ -19,7 +19,7 @@ that failed first is named with its traceback.
 
 
 def register(subparsers) -> None:
-    from torchbay.cli._options import CONFIG_DESTS_ATTR, add_config_options
+    from torchbay.cli.options import CONFIG_DESTS_ATTR, add_config_options
 
     parser = subparsers.add_parser("launch", help="run a script in N processes (torchrun underneath)",
                                    usage="torchbay launch [options] [-m] TARGET [ARGS ...]",
@@ -42,11 +42,11 @@ def register(subparsers) -> None:
 def launch_command(args: argparse.Namespace) -> int:
     import os
 
-    from torchbay.cli._options import resolve_from_args
+    from torchbay.cli.options import resolve_from_args
     from torchbay.errors import ConfigError
-    from torchbay.launch_run import exec_direct, run_torchrun, torchrun_argv
-    from torchbay.launcher import check_port_free, prepare
-    from torchbay.plugins import get_plugin_manager
+    from torchbay.launch.plan import check_port_free, prepare
+    from torchbay.launch.run import exec_direct, run_torchrun, torchrun_argv
+    from torchbay.plugin.manager import get_plugin_manager
 
     args.script_args = script_args_as_given(args)
     if not args.module and os.path.isdir(args.script):
@@ -140,6 +140,6 @@ def _exit_now(code: int) -> None:
     exit barrier has already been passed)."""
     import logging
 
-    from torchbay.cli._worker import fast_exit
+    from torchbay.launch.worker import fast_exit
 
     fast_exit(code, logging.shutdown)

@@ -36,7 +36,7 @@ def panels(series: dict[str, list[tuple[int, float]]]) -> dict[str, list[str]]:
 
 
 def collect(run_dir: str, wanted: list[str] | None) -> tuple[dict[str, list[tuple[int, float]]], list[Path]]:
-    from torchbay.tracking_jsonl import find_jsonl, read_scalars
+    from torchbay.tracking.jsonl import find_jsonl, read_scalars
 
     root = Path(run_dir)
     if not root.exists():

@@ -7,7 +7,8 @@ import json
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("plugins", help="list plugins: name, version, status, hooks, registers")
+    parser = subparsers.add_parser("plugins",
+                                   help="list plugins: name, version, plugin API version, status, hooks, registers")
     parser.add_argument("--requirements", action="store_true",
                         help="print pip requirement lines that reproduce this installation's plugins")
     parser.add_argument("--format", choices=("table", "json"), default="table")
@@ -19,7 +20,7 @@ def rows(pm) -> list[dict]:
     try:
         pm.registries()  # fills "registers"; a plugin failing here is marked failed
         pm.config_sections()
-        from torchbay.selection import probe_run_hooks
+        from torchbay.plugin.selection import probe_run_hooks
 
         probe_run_hooks(pm)  # a plugin failing in torchbay_validate/state_extra too
         pm.registries()  # what a failed plugin registered is dropped
@@ -29,18 +30,19 @@ def rows(pm) -> list[dict]:
     for info in sorted(pm.infos.values(), key=lambda i: (i.status != "builtin", i.name)):
         hooks = [h.removeprefix("torchbay_") for h in pm.hooks_of(info.name)]
         out.append({"name": info.name, "distribution": info.distribution, "version": info.version,
-                    "status": info.status, "hooks": hooks, "registers": sorted(set(info.registers)),
+                    "api": info.api or "-", "status": info.status, "hooks": hooks,
+                    "registers": sorted(set(info.registers)),
                     "error": (f"in {info.hook}: " if info.hook and info.hook not in ("import", "registration")
                               else "") + (info.error or ""),
-                    "fix": info.how_to_remove() if info.status == "failed" else ""})
+                    "fix": info.how_to_remove() if info.status in ("failed", "refused") else ""})
     if rows_error:
-        out.append({"name": "(registries)", "distribution": "", "version": "", "status": "failed", "hooks": [],
-                    "registers": [], "error": rows_error, "fix": ""})
+        out.append({"name": "(registries)", "distribution": "", "version": "", "api": "", "status": "failed",
+                    "hooks": [], "registers": [], "error": rows_error, "fix": ""})
     return out
 
 
 def requirement_lines(pm) -> list[str]:
-    from torchbay.plugins import _own_version
+    from torchbay.plugin.info import _own_version
 
     lines = [f"torchbay=={_own_version()}"]
     seen = {"torchbay"}
@@ -56,7 +58,7 @@ def requirement_lines(pm) -> list[str]:
 
 
 def plugins_command(args: argparse.Namespace) -> int:
-    from torchbay.plugins import get_plugin_manager
+    from torchbay.plugin.manager import get_plugin_manager
 
     pm = get_plugin_manager()
     if args.requirements:
@@ -66,10 +68,11 @@ def plugins_command(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(table, indent=2))
         return 0
-    headers = ("NAME", "DISTRIBUTION", "VERSION", "STATUS", "HOOKS", "REGISTERS")
-    cells = [(r["name"], r["distribution"], r["version"], r["status"], ", ".join(r["hooks"]) or "-",
+    headers = ("NAME", "DISTRIBUTION", "VERSION", "API", "STATUS", "HOOKS", "REGISTERS")
+    cells = [(r["name"], r["distribution"], r["version"], r["api"], r["status"], ", ".join(r["hooks"]) or "-",
               ", ".join(r["registers"]) or "-") for r in table]
-    widths = [max(len(headers[i]), *(len(c[i]) for c in cells)) if cells else len(headers[i]) for i in range(6)]
+    widths = [max(len(headers[i]), *(len(c[i]) for c in cells)) if cells else len(headers[i])
+              for i in range(len(headers))]
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
     for row, r in zip(cells, table):
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())

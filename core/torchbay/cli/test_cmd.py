@@ -10,7 +10,7 @@ SELFTEST = str(Path(__file__).resolve().parent / "_selftest.py")
 
 
 def register(subparsers) -> None:
-    from torchbay.cli._options import add_config_options
+    from torchbay.cli.options import add_config_options
 
     parser = subparsers.add_parser(
         "test", help="run a short real training in every process and report each check",
@@ -23,13 +23,15 @@ def register(subparsers) -> None:
 
 
 def test_command(args: argparse.Namespace) -> int:
-    from torchbay.cli._options import cli_values
-    from torchbay.cli.launch import _exit_now, _is_console_command
-    from torchbay.config import RESOLVED_ENV, resolve_config
-    from torchbay.launch_run import exec_direct, run_torchrun
-    from torchbay.launcher import prepare
-    from torchbay.plugins import get_plugin_manager
     import os
+
+    from torchbay.cli.launch import _exit_now, _is_console_command
+    from torchbay.cli.options import cli_values
+    from torchbay.config.model import RESOLVED_ENV
+    from torchbay.config.resolve import resolve_config
+    from torchbay.launch.plan import prepare
+    from torchbay.launch.run import exec_direct, run_torchrun
+    from torchbay.plugin.manager import get_plugin_manager
 
     pm = get_plugin_manager()
     cli = cli_values(args)

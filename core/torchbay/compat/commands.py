@@ -8,6 +8,11 @@ import argparse
 import os
 from typing import Any
 
+from torchbay.cli.main import build_parser, with_accelerate_spellings
+from torchbay.compat.config_import import import_file, to_yaml
+from torchbay.config.files import load_yaml_file
+from torchbay.errors import ConfigError
+
 #: where Accelerate keeps its default config (``accelerate config`` writes it; libraries read it)
 default_config_file = os.path.join(
     os.path.expanduser(os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"),
@@ -36,9 +41,6 @@ def load_config_from_file(config_file: str | None = None) -> AccelerateConfigFil
     """Read an Accelerate YAML or JSON config file (the default one when ``config_file`` is None)."""
     import json
 
-    from torchbay.config_files import load_yaml_file
-    from torchbay.errors import ConfigError
-
     path = config_file or default_config_file
     if not os.path.isfile(path):
         raise ConfigError(f"Accelerate config file {path} does not exist; give an existing file or write one with "
@@ -56,8 +58,6 @@ class _LaunchParser(argparse.ArgumentParser):
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
         import sys
-
-        from torchbay.cli.main import build_parser, with_accelerate_spellings
 
         parser = build_parser()
         given, imported_config = _with_torchbay_config(list(sys.argv[1:] if args is None else args))
@@ -77,8 +77,6 @@ def _with_torchbay_config(args: list[str]) -> tuple[list[str], str | None]:
     """
     import sys
     import tempfile
-
-    from torchbay.accelerate_import import import_file, to_yaml
 
     for index, token in enumerate(args):
         if not token.startswith("-"):

@@ -40,32 +40,36 @@ ACCELERATE_API_LEVEL = "1.15.0"
 #: Accelerate module -> the torchbay module that answers for it
 MODULES = {
     "accelerate": "torchbay",
-    "accelerate.accelerator": "torchbay.accelerator",
-    "accelerate.big_modeling": "torchbay.big_modeling",
+    "accelerate.accelerator": "torchbay.accelerator.accelerator",
+    "accelerate.big_modeling": "torchbay.big_modeling.modeling",
     "accelerate.checkpointing": "torchbay.utils",
     "accelerate.commands": "torchbay.compat.commands",
     "accelerate.commands.config": "torchbay.compat.commands",
     "accelerate.commands.launch": "torchbay.compat.commands",
-    "accelerate.data_loader": "torchbay.data",
+    "accelerate.data_loader": "torchbay.data.loader",
     "accelerate.hooks": "torchbay.compat.hooks",
-    "accelerate.launchers": "torchbay.launchers",
+    "accelerate.launchers": "torchbay.launch.notebook",
     "accelerate.logging": "torchbay.utils",
     "accelerate.optimizer": "torchbay.wrappers",
-    "accelerate.parallelism_config": "torchbay.parallelism_config",
+    "accelerate.parallelism_config": "torchbay.distributed.parallelism_config",
     "accelerate.scheduler": "torchbay.wrappers",
     "accelerate.state": "torchbay.state",
     "accelerate.tracking": "torchbay.tracking",
     "accelerate.utils": "torchbay.utils",
 }
 
+#: the table of Accelerate names the Hugging Face libraries import (compat/library_names.py reads the rest)
+LIBRARY_NAMES = "compat/resources/library_names.yaml"
+
 
 @functools.lru_cache(maxsize=1)
 def served_modules() -> dict[str, str]:
     """:data:`MODULES` and accelerate.utils' own modules, each answered by torchbay.utils (which serves every
     accelerate.utils name); their names are listed in compat/resources/library_names.yaml."""
-    from torchbay.compat.library_names import table
+    from torchbay.config.files import read_packaged_yaml
 
-    return {**MODULES, **{f"accelerate.utils.{name}": "torchbay.utils" for name in table()["utils_submodules"]}}
+    submodules = read_packaged_yaml("torchbay", LIBRARY_NAMES)["utils_submodules"]
+    return {**MODULES, **{f"accelerate.utils.{name}": "torchbay.utils" for name in submodules}}
 
 
 #: everything under these comes from the installed Accelerate files (Accelerate's own test fixtures)

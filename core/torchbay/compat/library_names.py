@@ -2,7 +2,7 @@
 
 ``resolve(name, missing)`` answers from ``resources/library_names.yaml``: Accelerate's constants, the small utilities
 below, and placeholders for names a torchbay plugin serves while that plugin is not installed (or refuses). Importing
-a placeholder works; building or calling it raises :class:`~torchbay.compat_names.UnsupportedAPIError` with the fix.
+a placeholder works; building or calling it raises :class:`~torchbay.compat.names.UnsupportedAPIError` with the fix.
 Any other name of a published plugin that is not installed is a missing attribute naming the distribution.
 """
 
@@ -15,12 +15,16 @@ from typing import Any
 
 import torch
 
-from torchbay.config_files import read_packaged_yaml
+from torchbay.compat.finder import LIBRARY_NAMES
+from torchbay.compat.helpers import _is_out_of_memory
+from torchbay.config.files import read_packaged_yaml
+from torchbay.errors import UnsupportedAPIError
+from torchbay.process.state import PartialState
 
 
 @functools.lru_cache(maxsize=1)
 def table() -> dict[str, Any]:
-    return read_packaged_yaml("torchbay", "compat/resources/library_names.yaml")
+    return read_packaged_yaml("torchbay", LIBRARY_NAMES)
 
 
 @functools.lru_cache(maxsize=1)
@@ -36,8 +40,6 @@ def placeholders() -> set[str]:
 @functools.lru_cache(maxsize=None)
 def placeholder(name: str, advice: str) -> Any:
     """A class or function named ``name`` whose use raises with ``advice`` (one object per name and advice)."""
-    from torchbay.compat_names import UnsupportedAPIError
-
     def refuse(*args: Any, **kwargs: Any):
         raise UnsupportedAPIError(f"{name} is not available on torchbay here: {advice}")
 
@@ -62,7 +64,6 @@ def resolve(name: str, missing: Any) -> Any:
         return placeholder(name, f"it comes from the {kind[1]} plugin: pip install {kind[1]}")
     distribution = _hinted().get(name)
     if distribution is not None:
-        from torchbay.compat_names import UnsupportedAPIError
 
         raise UnsupportedAPIError(f"{name} comes from the {distribution} plugin, which is not installed: "
                                   f"pip install {distribution} (see docs/accelerate-compat.md)")
@@ -86,7 +87,6 @@ def clear_device_cache(garbage_collection: bool = False) -> None:
     """Free the cached memory of the process's accelerator (after a garbage collection, if asked)."""
     if garbage_collection:
         gc.collect()
-    from torchbay.state import PartialState
 
     strategy = PartialState._shared_state.get("_strategy")
     if strategy is not None:
@@ -97,8 +97,6 @@ def clear_device_cache(garbage_collection: bool = False) -> None:
 
 def should_reduce_batch_size(exception: BaseException) -> bool:
     """Whether ``exception`` says the device ran out of memory (a smaller batch may fit)."""
-    from torchbay.helpers import _is_out_of_memory
-
     return _is_out_of_memory(exception)
 
 

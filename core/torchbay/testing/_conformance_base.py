@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from torchbay.axes.device import DeviceBackend
+from torchbay.plugin import manager as plugins
+from torchbay.plugin.manager import get_plugin_manager
+
 
 class ConformanceFailure(AssertionError):
     """A check found the device backend not conforming; the message says what and how to fix it."""
@@ -71,14 +75,10 @@ def _fail(message: str) -> None:
 def _get_pm(pm=None):
     if pm is not None:
         return pm
-    from torchbay.plugins import get_plugin_manager
-
     return get_plugin_manager()
 
 
 def _device_class(name: str, pm=None):
-    from torchbay.device import DeviceBackend
-
     registry = _get_pm(pm).registries()["devices"]
     cls = registry.get(name)
     if cls is None:
@@ -88,7 +88,7 @@ def _device_class(name: str, pm=None):
               + ": is the plugin installed, with an entry point in group 'torchbay' whose "
                 "torchbay_register_devices() returns its class?")
     if not (isinstance(cls, type) and issubclass(cls, DeviceBackend)):
-        _fail(f"device '{name}' is registered as {cls!r}, which is not a torchbay.device.DeviceBackend subclass")
+        _fail(f"device '{name}' is registered as {cls!r}, which is not a torchbay.axes.device.DeviceBackend subclass")
     return cls
 
 
@@ -108,8 +108,6 @@ def _plugin_manager(pm):
     if pm is None:
         yield
         return
-    from torchbay import plugins
-
     saved = plugins._cached
     plugins.reset_plugin_manager(pm)
     try:

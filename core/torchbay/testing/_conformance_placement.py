@@ -6,6 +6,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchbay.big_modeling.device_map import accelerator_class
+from torchbay.big_modeling.infer import infer_auto_device_map
+from torchbay.big_modeling.modeling import dispatch_model
+from torchbay.plugin import manager as plugins
 from torchbay.testing._conformance_base import ConformanceSkip, _device_class, _fail, _require_available
 
 
@@ -44,10 +48,6 @@ def _check_capacity(cls) -> dict[int, int]:
 def check_placement(name: str, pm=None, **_: Any) -> str:
     """memory_capacity / placement_budget per index; device_map="auto" places a model on this
     device, and a model split between it and an offload runs and gives the eager output."""
-    from torchbay import plugins
-    from torchbay.big_modeling import dispatch_model
-    from torchbay.device_map import accelerator_class, infer_auto_device_map
-
     cls = _device_class(name, pm)
     _require_available(cls)
     budget = _check_capacity(cls)

@@ -13,8 +13,19 @@ from typing import Any, Sequence
 
 import torch
 
-from torchbay.testing._conformance_base import (ConformanceSkip, _device_class, _draw, _fail, _first,
-                                                _plugin_manager, _require_available, _single_process_env)
+from torchbay import Accelerator
+from torchbay.testing._conformance_base import (
+    ConformanceSkip,
+    _device_class,
+    _draw,
+    _fail,
+    _first,
+    _plugin_manager,
+    _require_available,
+    _single_process_env,
+)
+from torchbay.testing.processes import free_port
+from torchbay.utils import set_seed
 
 # --- 2 processes ---------------------------------------------------------------------------
 
@@ -72,13 +83,13 @@ def check_collectives(name: str, pm=None, env: dict[str, str] | None = None, tim
     if not getattr(cls, "multi_process", True):
         raise ConformanceSkip(f"device '{name}' declares multi_process = False (it runs one process)")
     if cls.torch_type() != "cpu" and cls.device_count() < 2:
-        raise ConformanceSkip(f"the 2-process check needs 2 '{name}' devices on this machine, found {cls.device_count()}")
+        raise ConformanceSkip(f"the 2-process check needs 2 '{name}' devices on this machine, "
+                              f"found {cls.device_count()}")
     with tempfile.TemporaryDirectory(prefix="torchbay-conformance-") as tmp:
         script = Path(tmp) / "collectives.py"
         script.write_text(_COLLECTIVE_SCRIPT)
         out = Path(tmp) / "out"
         out.mkdir()
-        from torchbay.testing.processes import free_port
 
         port = free_port()
         cmd, how = _launch_command(str(script), 2, [name, str(out)], port)
@@ -111,7 +122,8 @@ def check_collectives(name: str, pm=None, env: dict[str, str] | None = None, tim
             problems.append(f"rank {rank}: reduce returned a tensor on '{r['tensor_device_type']}'")
         expected_backend = "gloo" if cls.torch_type() == "cpu" else cls.dist_backend()
         if r["backend"] != expected_backend:
-            problems.append(f"rank {rank}: process group backend is {r['backend']!r}, dist_backend() says {expected_backend!r}")
+            problems.append(f"rank {rank}: process group backend is {r['backend']!r}, "
+                            f"dist_backend() says {expected_backend!r}")
         if r["sum"] != [3.0]:
             problems.append(f"rank {rank}: all_reduce(sum) of [1] and [2] gave {r['sum']}, expected [3.0]")
         if r["gathered"] != [1.0, 2.0]:
@@ -154,14 +166,12 @@ def _isolated_batches(source):
 def _train_run(name: str, *, seed: int, steps: range, mixed_precision: str, save_to: Path | None = None,
                load_from: Path | None = None) -> dict[str, Any]:
     """One run of a small loop that uses the device RNG (noise, dropout) and a shuffled loader."""
-    from torchbay import Accelerator
-    from torchbay.utils import set_seed
-
     acc = Accelerator(device=name, strategy="single", mixed_precision=mixed_precision, seed=seed)
     try:
         acc.device_backend.manual_seed(seed)
         set_seed(seed)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                    torch.nn.Linear(16, 1))
         data_gen = torch.Generator().manual_seed(0)
         xs, ys = torch.randn(SAMPLES, 8, generator=data_gen), torch.randn(SAMPLES, 1, generator=data_gen)
         loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, ys), batch_size=BATCH, shuffle=True)
@@ -181,7 +191,8 @@ def _train_run(name: str, *, seed: int, steps: range, mixed_precision: str, save
         batches_per_epoch = len(loader)
         while step < steps.stop:
             skip = step % batches_per_epoch
-            source = acc.skip_first_batches(loader, skip) if skip and load_from is not None and step == steps.start else loader
+            source = (acc.skip_first_batches(loader, skip) if skip and load_from is not None and step == steps.start
+                      else loader)
             for x, y in _isolated_batches(source):
                 noise = torch.randn(x.shape, device=x.device) * 0.01
                 with acc.autocast():
@@ -208,8 +219,10 @@ def _compare_runs(reference: dict, resumed: dict, mixed_precision: str) -> None:
     for step in range(SAVE_AFTER + 1, STEPS + 1):
         a, b = reference["losses"][step], resumed["losses"].get(step)
         if b is None or not torch.equal(a, b):
-            _fail(f"resume ({mixed_precision}): step {step} after load_state gave loss {None if b is None else float(b)!r} "
-                  f"but the uninterrupted run gave {float(a)!r}; resuming from save_state must reproduce the run exactly")
+            _fail(f"resume ({mixed_precision}): step {step} after load_state gave loss "
+                  f"{None if b is None else float(b)!r} "
+                  f"but the uninterrupted run gave {float(a)!r}; "
+                  "resuming from save_state must reproduce the run exactly")
     for key, value in reference["params"].items():
         other = resumed["params"][key]
         if not torch.equal(value, other):
@@ -235,10 +248,12 @@ def check_train_resume(name: str, pm=None, **_: Any) -> str:
                     _fail(f"resume ({mode}): two runs with the same seed differ at step {step} before any save "
                           f"({float(reference['losses'][step])!r} vs {float(interrupted['losses'][step])!r}): "
                           f"seeding is not deterministic on this device")
-            resumed = _train_run(name, seed=3, steps=range(SAVE_AFTER, STEPS), mixed_precision=mode, load_from=state_dir)
+            resumed = _train_run(name, seed=3, steps=range(SAVE_AFTER, STEPS), mixed_precision=mode,
+                                 load_from=state_dir)
             if not torch.equal(resumed["probe"], interrupted["probe"]):
                 _fail(f"resume ({mode}): after load_state the device random stream is not the one saved "
                       f"(next draws {_first(resumed['probe'])}..., saved run drew {_first(interrupted['probe'])}...): "
                       f"{cls.__qualname__}.set_rng_state did not restore what get_rng_state saved")
             _compare_runs(reference, resumed, mode)
-    return f"train/save/load/resume equals the uninterrupted run ({', '.join(modes)}; {STEPS} steps, saved after {SAVE_AFTER})"
+    return (f"train/save/load/resume equals the uninterrupted run ({', '.join(modes)}; {STEPS} steps, "
+            f"saved after {SAVE_AFTER})")

@@ -8,8 +8,8 @@ Two ways to use it:
 
       CONFORMANCE_DEVICE = "mydevice"   # the name the plugin registers
 
-  (or override the ``conformance_device`` fixture). Every check becomes one test; a device that is not available here makes every
-  test skip with the device's own reason.
+  (or override the ``conformance_device`` fixture). Every check becomes one test; a device that is not
+  available here makes every test skip with the device's own reason.
 
 - as a function: ``run_conformance("mydevice")`` returns a :class:`ConformanceReport`
   with one :class:`CheckResult` per check (``report.ok``, ``report.failures``,
@@ -36,11 +36,20 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from torchbay.testing._conformance_base import (CheckResult, ConformanceFailure, ConformanceReport,  # noqa: F401
-                                                ConformanceSkip, _device_class, _draw, _fail, _first,
-                                                _require_available)
+from torchbay.testing._conformance_base import (  # noqa: F401
+    CheckResult,
+    ConformanceFailure,
+    ConformanceReport,
+    ConformanceSkip,
+    _device_class,
+    _draw,
+    _fail,
+    _first,
+    _require_available,
+)
 from torchbay.testing._conformance_placement import check_placement
 from torchbay.testing._conformance_runs import check_collectives, check_train_resume
+from torchbay.utils import set_seed
 
 __all__ = [
     "CHECKS", "CheckResult", "ConformanceReport", "ConformanceFailure", "ConformanceSkip", "run_conformance",
@@ -154,8 +163,6 @@ def check_rng_round_trip(name: str, pm=None, **_: Any) -> str:
 
 def check_seeding(name: str, pm=None, **_: Any) -> str:
     """manual_seed makes draws reproducible; different seeds give different draws."""
-    from torchbay.utils import set_seed
-
     cls = _device_class(name, pm)
     _require_available(cls)
     backend = cls(0)
@@ -170,7 +177,8 @@ def check_seeding(name: str, pm=None, **_: Any) -> str:
     backend.manual_seed(8)
     c = _draw(backend.device)
     if torch.equal(a, c):
-        _fail(f"seeding on {backend.device}: manual_seed(7) and manual_seed(8) gave the same draws: the seed is ignored")
+        _fail(f"seeding on {backend.device}: manual_seed(7) and manual_seed(8) gave the same draws: "
+              "the seed is ignored")
     set_seed(11)
     d = _draw(backend.device)
     set_seed(11)
@@ -195,12 +203,15 @@ def check_memory(name: str, pm=None, **_: Any) -> str:
         _fail(f"memory_stats() must return a dict, got {type(before).__name__}")
     missing = [k for k in MEMORY_KEYS if k not in before]
     if missing:
-        _fail(f"memory_stats() lacks the keys {missing} (it must give bytes for {list(MEMORY_KEYS)}); got {sorted(before)}")
-    bad = {k: before[k] for k in MEMORY_KEYS if not isinstance(before[k], int) or isinstance(before[k], bool) or before[k] < 0}
+        _fail(f"memory_stats() lacks the keys {missing} (it must give bytes for {list(MEMORY_KEYS)}); "
+              f"got {sorted(before)}")
+    bad = {k: before[k] for k in MEMORY_KEYS
+           if not isinstance(before[k], int) or isinstance(before[k], bool) or before[k] < 0}
     if bad:
         _fail(f"memory_stats() values must be non-negative ints (bytes); these are not: {bad}")
     if before["total"] <= 0 or before["free"] > before["total"]:
-        _fail(f"memory_stats(): need 0 <= free <= total and total > 0, got free={before['free']} total={before['total']}")
+        _fail(f"memory_stats(): need 0 <= free <= total and total > 0, "
+              f"got free={before['free']} total={before['total']}")
     info = backend.mem_get_info()
     if not (isinstance(info, tuple) and len(info) == 2 and all(isinstance(v, int) for v in info)):
         _fail(f"mem_get_info() must return (free_bytes, total_bytes) as ints, got {info!r}")

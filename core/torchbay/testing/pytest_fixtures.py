@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from torchbay.plugins import reset_plugin_manager
+from torchbay.plugin.manager import reset_plugin_manager
 
 
 @pytest.fixture(autouse=True)

@@ -20,6 +20,8 @@ import os
 import numpy as np
 import torch
 
+from torchbay import Accelerator
+
 #: what init_trackers records; a reader should find lr=0.1, model/width=4, model/depth=2, seed=7, name="tiny"
 CONFIG = {"lr": 0.1, "model": {"width": 4, "depth": torch.tensor(2)}, "seed": np.int64(7), "name": "tiny"}
 
@@ -30,8 +32,6 @@ def expected_values(step: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from torchbay import Accelerator
-
     p = argparse.ArgumentParser()
     p.add_argument("--project-dir", required=True)
     p.add_argument("--log-with", default="jsonl")

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from torchbay.errors import TorchbayError
-from torchbay.wrappers import PreparedScheduler
+from torchbay.plugin import PreparedScheduler
 
 
 class DummyOptim(torch.optim.Optimizer):

@@ -13,7 +13,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from torchbay.safe_load import safe_torch_load
+from torchbay.plugin import safe_torch_load
 
 #: module.Class names DeepSpeed writes into its checkpoints; rebuilt from attributes only
 DEEPSPEED_CHECKPOINT_CLASSES = (

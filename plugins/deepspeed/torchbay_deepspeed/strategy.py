@@ -17,100 +17,31 @@ import copy
 import json
 import logging
 import os
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from torchbay.errors import CheckpointError, ConfigError, IncompatibleSetupError, TorchbayError
-from torchbay.precision import Precision
-from torchbay.strategy import MemoryEstimate, Strategy
-
+from torchbay.errors import ConfigError, IncompatibleSetupError, TorchbayError
+from torchbay.plugin import MemoryEstimate, Strategy
+from torchbay_deepspeed import auto_values
 from torchbay_deepspeed import config as dsconfig
-from torchbay_deepspeed.objects import DeepSpeedSchedulerWrapper, DummyOptim, DummyScheduler, EngineOptimizer, \
-    PendingEngine
+from torchbay_deepspeed.checkpoint import DeepSpeedCheckpoint
+from torchbay_deepspeed.engine import DS_ACCELERATORS, EngineRecord, _param_ids, ds_accelerator_env, import_deepspeed
+from torchbay_deepspeed.objects import (
+    DeepSpeedSchedulerWrapper,
+    DummyOptim,
+    DummyScheduler,
+    EngineOptimizer,
+    PendingEngine,
+)
+from torchbay_deepspeed.precision import DeepSpeedPrecision
+from torchbay_deepspeed.step import DeepSpeedStep
 
 log = logging.getLogger("torchbay.deepspeed")
 
-#: torch device type -> DeepSpeed accelerator name (DS_ACCELERATOR)
-DS_ACCELERATORS = {"cpu": "cpu", "cuda": "cuda", "xpu": "xpu", "npu": "npu", "mps": "mps", "hpu": "hpu",
-                   "mlu": "mlu", "sdaa": "sdaa"}
-CHECKPOINT_TAG = "ds"
 
-
-def ds_accelerator_env(torch_type: str) -> dict[str, str]:
-    name = DS_ACCELERATORS.get(torch_type)
-    return {"DS_ACCELERATOR": name} if name else {}
-
-
-def import_deepspeed(torch_type: str, log_level: str = "warning"):
-    """Import deepspeed with its accelerator matching torchbay's device."""
-    for key, value in ds_accelerator_env(torch_type).items():
-        os.environ.setdefault(key, value)
-    import deepspeed
-
-    level = getattr(logging, log_level.upper())
-    for name in ("DeepSpeed", "deepspeed"):
-        logging.getLogger(name).setLevel(level)
-    try:
-        from deepspeed.utils import logger as ds_logger
-
-        ds_logger.setLevel(level)
-    except Exception:  # pragma: no cover
-        pass
-    return deepspeed
-
-
-class DeepSpeedPrecision(Precision):
-    """Takes the place of the selected plain precision (no/fp16/bf16): DeepSpeed does that
-    mode itself (module conversion, loss scaler, from the ``bf16``/``fp16`` sections torchbay
-    writes into its config), so no autocast or scaler runs here. An engine precision (fp8) is
-    refused by :meth:`DeepSpeedStrategy.check` before it gets here."""
-
-    def __init__(self, context, replaced: Precision):
-        super().__init__(context)
-        self.replaced = replaced
-        self.name = replaced.name  # type: ignore[misc]
-
-    def optimizer_step(self, optimizer, step, **kwargs) -> bool:
-        step(optimizer, **kwargs)
-        return optimizer.step_applied() if isinstance(optimizer, EngineOptimizer) else True
-
-    def describe(self) -> str:
-        return f"deepspeed {self.name}"
-
-
-@dataclass
-class EngineRecord:
-    """One prepared model and what DeepSpeed built for it."""
-
-    index: int
-    module: torch.nn.Module
-    engine: Any = None
-    optimizer: Optional[EngineOptimizer] = None
-    pending: Optional[PendingEngine] = None
-    config: dict = field(default_factory=dict)
-    report: list = field(default_factory=list)
-    param_ids: set = field(default_factory=set)
-    has_optimizer: bool = False
-    #: ZeRO stage 0 in fp32 keeps no norm: measured here before the step when clipping is on
-    measure_norm: bool = False
-    last_norm: Optional[float] = None
-
-    @property
-    def trains(self) -> bool:
-        return self.engine is not None and self.has_optimizer
-
-
-def _param_ids(obj) -> set:
-    if isinstance(obj, torch.nn.Module):
-        return {id(p) for p in obj.parameters()}
-    return {id(p) for group in obj.param_groups for p in group["params"]}
-
-
-class DeepSpeedStrategy(Strategy):
+class DeepSpeedStrategy(DeepSpeedStep, DeepSpeedCheckpoint, Strategy):
     """DeepSpeed ZeRO stages 0-3 with offload; each model its own engine and config."""
 
     name = "deepspeed"
@@ -276,7 +207,7 @@ class DeepSpeedStrategy(Strategy):
             return contextlib.nullcontext()
         if dsconfig.get_path(self.base_config, ("zero_optimization", "stage")) != 3:
             raise ConfigError("deepspeed.zero3_init needs ZeRO stage 3 (deepspeed.zero_stage: 3)")
-        cfg, _, _ = dsconfig.fill_auto(self.base_config, micro_batch=self._micro_batch(), world_size=self.world_size,
+        cfg, _, _ = auto_values.fill_auto(self.base_config, micro_batch=self._micro_batch(), world_size=self.world_size,
                                        model=torch.nn.Module(), has_optimizer=True)
         cfg = {k: v for k, v in cfg.items() if k not in ("optimizer", "scheduler")}
         return self.deepspeed.zero.Init(config_dict_or_path=cfg)
@@ -361,10 +292,10 @@ class DeepSpeedStrategy(Strategy):
         opt_hint = dict(user_opt.defaults) if dummy else None
         early: list[str] = []
         if live is not None and self._plugin_given:  # what Accelerate fills itself for a DeepSpeedPlugin's config
-            early = dsconfig.accelerate_fills(cfg, optimizer=user_opt if dummy else None, scheduler=sched,
+            early = auto_values.accelerate_fills(cfg, optimizer=user_opt if dummy else None, scheduler=sched,
                                               num_processes=self.world_size,
                                               split_batches=self.context.config.dataloader.split_batches)
-        filled, report, problems = dsconfig.fill_auto(
+        filled, report, problems = auto_values.fill_auto(
             cfg, micro_batch=self._micro_batch(), world_size=self.world_size, model=model,
             optimizer_hint=opt_hint, scheduler_hint=sched.params if sched is not None else None,
             has_optimizer=has_opt)
@@ -372,7 +303,7 @@ class DeepSpeedStrategy(Strategy):
         if problems:
             raise ConfigError(problems, header=f"DeepSpeed config of model {rec.index} cannot be completed")
         if live is not None:
-            dsconfig.write_back(live, filled)  # as Accelerate fills the plugin's config in place
+            auto_values.write_back(live, filled)  # as Accelerate fills the plugin's config in place
         kwargs: dict[str, Any] = {"model": model, "config": filled, "dist_init_required": False}
         if user_opt is not None and not dummy:
             kwargs["optimizer"] = user_opt
@@ -420,210 +351,3 @@ class DeepSpeedStrategy(Strategy):
             if model is rec.engine or model is rec.pending:
                 return rec.module
         return model
-
-    # -- every step ------------------------------------------------------------------------
-    def _record_for_backward(self, loss: torch.Tensor, model: Any) -> EngineRecord:
-        if model is not None:
-            rec = self._record(model)
-            if not rec.trains:
-                raise TorchbayError(f"model {rec.index} has no optimizer in DeepSpeed; prepare its optimizer")
-            return rec
-        training = [r for r in self.records if r.trains]
-        if len(training) == 1:
-            return training[0]
-        if not training:
-            pending = [r for r in self.records if r.pending is not None and r.engine is None]
-            hint = " (a model is waiting for its optimizer: prepare it)" if pending else ""
-            raise TorchbayError(f"accelerator.backward: no DeepSpeed engine has an optimizer{hint}")
-        leaves = _graph_leaves(loss)
-        hit = [r for r in training if r.param_ids & leaves]
-        if len(hit) == 1:
-            return hit[0]
-        names = ", ".join(f"{r.index} ({type(r.module).__name__})" for r in (hit or training))
-        raise TorchbayError(f"accelerator.backward: the loss reaches several trained models ({names}); pass "
-                            f"model=<the one to update> to accelerator.backward")
-
-    def backward(self, loss: torch.Tensor, model: Any = None, *, sync_gradients: bool = True, **kwargs) -> None:
-        rec = self._record_for_backward(loss, model)
-        engine = rec.engine
-        sync = sync_gradients
-        engine.set_gradient_accumulation_boundary(sync)
-        if set(kwargs) - {"retain_graph", "scale_wrt_gas"}:
-            raise TorchbayError(f"accelerator.backward under DeepSpeed takes retain_graph, scale_wrt_gas and model "
-                                f"only, not {', '.join(sorted(set(kwargs) - {'retain_graph', 'scale_wrt_gas'}))}")
-        engine.backward(loss, retain_graph=bool(kwargs.get("retain_graph", False)),
-                        scale_wrt_gas=bool(kwargs.get("scale_wrt_gas", True)))
-        if rec.measure_norm and sync:  # gradients are all-reduced by now; the step clips and zeroes them
-            grads = [p.grad for p in rec.module.parameters() if p.grad is not None]
-            rec.last_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
-        engine.step()
-
-    def no_sync(self, model: Any):
-        return contextlib.nullcontext()  # DeepSpeed knows the accumulation boundary from backward
-
-    def optimizer_step(self, optimizer: Any, **kwargs) -> Any:
-        return optimizer.step(**kwargs)  # EngineOptimizer.step: the engine already stepped
-
-    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        ids = {id(p) for p in params}
-        rec = next((r for r in self.records if r.trains and r.param_ids & ids), None)
-        if rec is None:
-            raise TorchbayError("clip_grad_norm_: these parameters belong to no trained DeepSpeed engine")
-        clip = rec.engine.gradient_clipping()
-        if norm_type != 2.0 or not clip or abs(clip - max_norm) > 1e-9 * max(1.0, abs(max_norm)):
-            raise ConfigError(
-                f"under strategy deepspeed, gradients are clipped inside DeepSpeed's step (L2 norm only): set "
-                f"deepspeed.gradient_clipping: {max_norm} (it is {clip or 'not set'}); clip_grad_norm_ then returns "
-                f"the norm DeepSpeed measured")
-        norm = rec.last_norm if rec.measure_norm else rec.engine.get_global_grad_norm()
-        return torch.tensor(float("nan") if norm is None else float(norm))
-
-    def clip_grad_value_(self, parameters, clip_value: float) -> None:
-        raise ConfigError("clip_grad_value_ is not available under strategy deepspeed; use deepspeed.gradient_clipping "
-                          "(norm clipping)")
-
-    # -- state -------------------------------------------------------------------------------
-    def _zero3(self, rec: EngineRecord) -> bool:
-        return rec.engine is not None and rec.engine.zero_optimization_partition_weights()
-
-    def model_state_dict(self, model: Any) -> dict[str, torch.Tensor]:
-        """Full weights on the main process (gathered layer by layer under ZeRO-3); ``{}`` elsewhere."""
-        rec = self._record(model)
-        if self._zero3(rec):
-            state = rec.engine._zero3_consolidated_16bit_state_dict()
-            return dict(state) if state is not None else {}
-        return rec.module.state_dict()
-
-    def save_checkpoint(self, directory: Path, models: list, optimizers: list, io, *,
-                        owners: list[int | None] | None = None) -> list[str]:
-        """Every rank writes its part of each engine's DeepSpeed checkpoint to ``deepspeed_model_<i>``."""
-        written: list[str] = []
-        engine_dirs = []
-        for i, model in enumerate(models):
-            rec = self._record(model)
-            if not rec.trains:  # a frozen model (or one never given an optimizer): its full weights
-                state = self.model_state_dict(model)
-                if self.rank == 0:
-                    written += io.save_state_dict(state, directory, f"model_{i}")
-                continue
-            rec.engine.save_checkpoint(str(directory / f"deepspeed_model_{i}"), tag=CHECKPOINT_TAG,
-                                       client_state={"torchbay_model_index": i}, save_latest=False)
-            engine_dirs.append(directory / f"deepspeed_model_{i}")
-        self.barrier()  # every rank's DeepSpeed files are written; rank 0 lists them all
-        if self.rank != 0:
-            return written
-        return written + sorted(str(p.relative_to(directory)) for d in engine_dirs for p in d.rglob("*")
-                                if p.is_file())
-
-    def load_checkpoint(self, directory: Path, models: list, optimizers: list, io, read: Any = None, *,
-                        owners: list[int | None] | None = None) -> None:
-        from torchbay.checkpoint_dir import read_manifest
-
-        from torchbay_deepspeed.safe_checkpoint import install_safe_loader
-
-        saved_world = read_manifest(directory).get("world_size")
-        for i, model in enumerate(models):
-            rec = self._record(model)
-            sub = directory / f"deepspeed_model_{i}"
-            if not rec.trains:
-                self._load_full_weights(rec, io.load_state_dict(directory, f"model_{i}", device="cpu"), i)
-                continue
-            if not (sub / CHECKPOINT_TAG).is_dir():
-                raise CheckpointError(f"model {i}: {sub / CHECKPOINT_TAG} is missing; was the checkpoint written "
-                                      f"with strategy deepspeed?")
-            if not self.section.load_universal and saved_world is not None and saved_world != self.world_size:
-                raise CheckpointError(
-                    f"{directory} was written by {saved_world} processes and this run has {self.world_size}: "
-                    f"DeepSpeed cannot re-partition its ZeRO state by itself. Set deepspeed.load_universal: true "
-                    f"to convert it to DeepSpeed's universal checkpoint (in a temporary directory next to it) "
-                    f"and load that; by hand: python -m deepspeed.checkpoint.ds_to_universal --input_folder "
-                    f"{sub / CHECKPOINT_TAG} --output_folder OUTPUT")
-            install_safe_loader(rec.engine, io.trusted)
-            with self._universal_copy(sub, io.trusted) if self.section.load_universal else \
-                    contextlib.nullcontext((sub, CHECKPOINT_TAG)) as (load_dir, tag):
-                try:
-                    path, _ = rec.engine.load_checkpoint(str(load_dir), tag=tag, load_module_strict=True,
-                                                         load_optimizer_states=rec.engine.optimizer is not None,
-                                                         load_lr_scheduler_states=True)
-                except CheckpointError:
-                    raise
-                except Exception as exc:
-                    raise CheckpointError(f"model {i}: DeepSpeed could not load {sub}: "
-                                          f"{type(exc).__name__}: {exc}") from exc
-            if path is None:
-                raise CheckpointError(f"model {i}: DeepSpeed found no checkpoint in {sub / CHECKPOINT_TAG}")
-
-    @contextlib.contextmanager
-    def _universal_copy(self, sub: Path, trusted: bool):
-        """DeepSpeed's universal form of ``sub/ds`` in a temporary directory (rank 0 converts, all load).
-
-        Written beside the checkpoint (every node sees it), never inside it, and removed after loading.
-        """
-        import shutil
-        import subprocess
-        import sys
-        import tempfile
-
-        from torchbay_deepspeed.safe_checkpoint import check_every_file
-
-        workdir, error = "", ""
-        if self.rank == 0:
-            try:
-                check_every_file(sub / CHECKPOINT_TAG, trusted)  # the converter unpickles freely
-                workdir = tempfile.mkdtemp(prefix=f".{sub.parent.name}.universal-", dir=sub.parent.parent)
-                cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
-                       str(sub / CHECKPOINT_TAG), "--output_folder", str(Path(workdir) / "universal"),
-                       "--num_extract_workers", "1", "--num_merge_workers", "1"]
-                env = {**os.environ, **ds_accelerator_env(self.device_backend.torch_type())}
-                proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                if proc.returncode != 0:
-                    error = (f"converting {sub / CHECKPOINT_TAG} to a universal checkpoint failed "
-                             f"({' '.join(cmd)}):\n{(proc.stdout + proc.stderr)[-3000:]}")
-            except Exception as exc:
-                error = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
-        workdir, error = self.broadcast_object((workdir, error))
-        try:
-            if error:
-                raise CheckpointError(error)
-            yield Path(workdir), "universal"
-        finally:
-            self.barrier()
-            if self.rank == 0 and workdir:
-                shutil.rmtree(workdir, ignore_errors=True)  # made by mkdtemp above: torchbay's own
-
-    def _load_full_weights(self, rec: EngineRecord, state: dict, index: int) -> None:
-        if not self._zero3(rec):
-            try:
-                rec.module.load_state_dict(state)
-            except Exception as exc:
-                raise CheckpointError(f"model {index} does not fit the saved weights: {exc}") from exc
-            return
-        names = dict(rec.module.named_parameters())
-        missing = sorted(set(names) - set(state))
-        if missing:
-            raise CheckpointError(f"model {index}: the checkpoint lacks {', '.join(missing[:5])}")
-        for name, param in names.items():  # one full parameter at a time
-            with self.deepspeed.zero.GatheredParameters([param], modifier_rank=0):
-                if self.rank == 0:
-                    param.data.copy_(state[name])
-        for name, buf in rec.module.named_buffers():
-            if name in state:
-                buf.data.copy_(state[name])
-
-
-def _graph_leaves(loss: torch.Tensor) -> set:
-    """ids of the leaf tensors (parameters) the loss's autograd graph accumulates into."""
-    ids: set = set()
-    seen: set = set()
-    stack = [loss.grad_fn]
-    while stack:
-        fn = stack.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        var = getattr(fn, "variable", None)
-        if var is not None:
-            ids.add(id(var))
-        stack.extend(nxt for nxt, _ in fn.next_functions)
-    return ids

@@ -8,7 +8,7 @@ loads on the other:
   rank 0; read by rank 0 with ``weights_only=True`` and broadcast to the shards.
 - SHARDED_STATE_DICT: DCP folders ``pytorch_model_fsdp_<i>/`` (entries ``model.<name>``) and
   ``optimizer_<j>/`` (entries ``optimizer.<...>``), every rank writing its shards; read through
-  torchbay's restricted DCP reader (:func:`torchbay.safe_load.dcp_load`), onto any number of ranks.
+  torchbay's restricted DCP reader (:func:`torchbay.checkpoint.safe_load.dcp_load`), onto any number of ranks.
 
 Safety: nothing is unpickled with arbitrary classes. A file torchbay writes is ``torch.save``'d under a
 temporary name, fsync'ed and renamed into place; its zip records then sit under the folder name
@@ -74,7 +74,7 @@ def dcp_folder_is_own(folder: Path) -> bool:
     """Whether ``folder`` holds exactly the DCP files torchbay-fsdp wrote there, unchanged since."""
     import json
 
-    from torchbay.checkpoint_dir import file_record
+    from torchbay.plugin import file_record
 
     try:
         mark = json.loads((folder / DCP_MARK).read_text(encoding="utf-8"))
@@ -134,7 +134,8 @@ class AccelerateFiles:
     def _check_target(self, path: Path, folder: bool) -> str | None:
         if folder:
             if path.is_symlink() or path.is_file():
-                return f"{path} exists and is not a folder torchbay can write DCP shards into; remove it or save elsewhere"
+                return (f"{path} exists and is not a folder torchbay can write DCP shards into; "
+                        "remove it or save elsewhere")
             if path.is_dir() and any(path.iterdir()) and not dcp_folder_is_own(path):
                 return (f"{path} holds files torchbay did not write (or changed since; its {DCP_MARK} lists what it "
                         f"wrote), which it does not overwrite; remove the folder or save into a new directory")
@@ -150,7 +151,7 @@ class AccelerateFiles:
         """``torch.save`` under a temporary name (its records named ``torchbay_fsdp...``), fsync, rename."""
         import torch
 
-        from torchbay.checkpoint_dir import fsync_dir
+        from torchbay.plugin import fsync_dir
 
         temp = path.parent / f"{OWN_ARCHIVE}-{uuid.uuid4().hex[:12]}.partial"
         try:
@@ -266,7 +267,7 @@ class AccelerateFiles:
 
     # -- files ---------------------------------------------------------------------------
     def _read_file(self, path: Path, what: str) -> dict:
-        from torchbay.safe_load import safe_torch_load
+        from torchbay.plugin import safe_torch_load
 
         trusted = bool(getattr(self.strategy.context.config.checkpoint, "allow_unsafe_pickle", False))
         return safe_torch_load(path, what, trusted=trusted)
@@ -290,7 +291,7 @@ class AccelerateFiles:
     def _mark(folder: Path) -> None:
         import json
 
-        from torchbay.checkpoint_dir import file_record, fsync_dir
+        from torchbay.plugin import file_record, fsync_dir
 
         mark = {"writer": "torchbay-fsdp", "files": _dcp_entries(folder),
                 "metadata_xxh3_128": file_record(folder / ".metadata", sync=False)["xxh3_128"]}
@@ -300,7 +301,7 @@ class AccelerateFiles:
         fsync_dir(folder)
 
     def _load_dcp(self, state: dict, folder: Path) -> dict:
-        from torchbay.safe_load import dcp_load
+        from torchbay.plugin import dcp_load
 
         trusted = bool(getattr(self.strategy.context.config.checkpoint, "allow_unsafe_pickle", False))
         return dcp_load(state, folder, trusted=trusted)

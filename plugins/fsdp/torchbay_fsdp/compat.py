@@ -96,8 +96,13 @@ class FullyShardedDataParallelPlugin:
     def set_state_dict_type(self, state_dict_type: Any = None) -> None:
         """Accelerate's method: ``state_dict_type`` as torch's enum, with the matching default configs
         (e.g. a run that trains with SHARDED_STATE_DICT and saves its final weights with FULL_STATE_DICT)."""
-        from torch.distributed.fsdp import (FullOptimStateDictConfig, FullStateDictConfig, ShardedOptimStateDictConfig,
-                                            ShardedStateDictConfig, StateDictType)
+        from torch.distributed.fsdp import (
+            FullOptimStateDictConfig,
+            FullStateDictConfig,
+            ShardedOptimStateDictConfig,
+            ShardedStateDictConfig,
+            StateDictType,
+        )
 
         if state_dict_type is not None:
             self.state_dict_type = state_dict_type
@@ -189,8 +194,9 @@ class FullyShardedDataParallelPlugin:
                 ("use_orig_params", False, "torchbay's fsdp always keeps the original parameters; leave it unset "
                                            "or True"),
                 ("forward_prefetch", True, "forward prefetching is not a torchbay fsdp setting; leave it unset"),
-                ("activation_checkpointing_offload", True, "offloading checkpointed activations is not supported; "
-                                                           "leave it unset (fsdp.activation_checkpointing recomputes)")):
+                ("activation_checkpointing_offload", True,
+                 "offloading checkpointed activations is not supported; "
+                 "leave it unset (fsdp.activation_checkpointing recomputes)")):
             if getattr(self, name) is refused:
                 problems.append(f"FullyShardedDataParallelPlugin({name}={refused}): {why}")
         if problems:
@@ -210,7 +216,7 @@ def merge_fsdp_weights(checkpoint_dir: str, output_path: str, safe_serialization
         raise ConfigError("merge_fsdp_weights(safe_serialization=False): torchbay writes safetensors only")
     written = merge_weights(checkpoint_dir, output_path)
     if remove_checkpoint_dir:  # only the files the checkpoint's manifest lists: never a user's file
-        from torchbay.checkpoint_dir import remove_own_checkpoint
+        from torchbay.plugin import remove_own_checkpoint
 
         remove_own_checkpoint(Path(checkpoint_dir), "merge_fsdp_weights(remove_checkpoint_dir=True)")
     return written

@@ -7,7 +7,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field
 
-from torchbay.config import Section
+from torchbay.plugin import Section
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -21,7 +21,8 @@ class FSDPConfig(Section):
     wrap_policy: Literal["transformer", "size", "none"] = Field(
         "transformer", description="which submodules become their own FSDP unit (the root always is one): "
                                    "transformer = blocks whose class is in transformer_layer_cls_to_wrap (or the "
-                                   "model's _no_split_modules); size = submodules with >= min_num_params; none = root only")
+                                   "model's _no_split_modules); size = submodules with >= min_num_params; "
+                                   "none = root only")
     transformer_layer_cls_to_wrap: list[str] = Field(
         default_factory=list, description="class names of the blocks to wrap, e.g. [GPT2Block]")
     min_num_params: int = Field(100_000_000, ge=1, description="for wrap_policy: size")
@@ -31,7 +32,8 @@ class FSDPConfig(Section):
     backward_prefetch: Optional[Literal["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]] = Field(
         None, description="unset: PyTorch's default (BACKWARD_PRE in FSDP1, implicit one-module prefetch in FSDP2)")
     cpu_offload: bool = Field(False, description="keep sharded parameters, gradients and optimizer state in CPU memory")
-    activation_checkpointing: bool = Field(False, description="recompute the activations of each wrapped block in backward")
+    activation_checkpointing: bool = Field(False,
+                                           description="recompute the activations of each wrapped block in backward")
     cpu_ram_efficient_loading: bool = Field(
         False, description="rank 0's weights are broadcast as shards; other ranks may build the model on the meta "
                            "device (with torch.device('meta'): model = Net()) and never hold a full copy")
@@ -39,7 +41,8 @@ class FSDPConfig(Section):
         "auto", description="dtype parameters are gathered and computed in; auto: from mixed_precision "
                             "(bf16 -> bfloat16, fp16 -> float16, otherwise the parameters' own)")
     reduce_dtype: DType = Field(
-        "auto", description="dtype gradients are reduced in; auto: float32 when param_dtype is lower, else the gradients' own")
+        "auto", description="dtype gradients are reduced in; auto: float32 when param_dtype is lower, "
+                            "else the gradients' own")
 
 
 class ParallelismSection(Section):

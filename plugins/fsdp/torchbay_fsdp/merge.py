@@ -32,7 +32,7 @@ def _run(args) -> int:
 
 
 def find_model_dir(checkpoint_dir: str | Path, model_index: int = 0) -> Path:
-    from torchbay_fsdp.strategy import INFO_FILE, model_dir
+    from torchbay_fsdp.checkpoint import INFO_FILE, model_dir
 
     root = Path(checkpoint_dir)
     if (root / ".metadata").exists():
@@ -50,7 +50,7 @@ def load_full_state_dict(checkpoint_dir: str | Path, model_index: int = 0) -> di
     """The full model state dict of a sharded checkpoint, read in this one process."""
     import torch
 
-    from torchbay.safe_load import dcp_load_full
+    from torchbay.plugin import dcp_load_full
 
     state = dcp_load_full(find_model_dir(checkpoint_dir, model_index))
     return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
@@ -60,7 +60,7 @@ def merge_weights(checkpoint_dir: str | Path, output_dir: str | Path, model_inde
                   max_shard_size: str = "5GB") -> list[str]:
     import torch
 
-    from torchbay.checkpointing import publish_model
+    from torchbay.plugin import publish_model
 
     state = load_full_state_dict(checkpoint_dir, model_index)
     fields = {"merged_from": str(Path(checkpoint_dir).absolute()), "torch_version": torch.__version__}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchbay.parallelism_config import MESH_ORDER
+from torchbay.plugin import MESH_ORDER
 
 WHERE = "parallelism"
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 
-from torchbay.plugins import hookimpl
-
+from torchbay.plugin import hookimpl
 from torchbay_fsdp.config import FSDPConfig, ParallelismSection
+
+#: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
+TORCHBAY_PLUGIN_API = (1, 0)
 
 #: CLI flag -> (config key, argparse keyword arguments); dest is "fsdp.<key>"
 _FLAGS = {
@@ -115,6 +117,6 @@ def _version() -> str:
 @hookimpl
 def torchbay_accelerate_mapping():
     """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.accelerate_import import read_fragment
+    from torchbay.plugin import read_fragment
 
     return read_fragment(__package__)

@@ -11,7 +11,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import TokenDataset, tiny_causal_lm, write_result  # noqa: E402
-from transformers import Trainer, TrainingArguments, TrainerCallback  # noqa: E402
+from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 
 class LossLog(TrainerCallback):

@@ -18,15 +18,17 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from torchbay.config import Section
-from torchbay.device import DeviceBackend
-from torchbay.plugins import hookimpl
+from torchbay.plugin import DeviceBackend, Section, hookimpl
+
+#: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
+TORCHBAY_PLUGIN_API = (1, 0)
 
 NAME = "mps"
 
 
 class MPSSection(Section):
-    cpu_fallback: bool = Field(False, description="run ops MPS does not implement on the CPU (PYTORCH_ENABLE_MPS_FALLBACK)")
+    cpu_fallback: bool = Field(False,
+                               description="run ops MPS does not implement on the CPU (PYTORCH_ENABLE_MPS_FALLBACK)")
 
 
 class MPSBackend(DeviceBackend):
@@ -130,6 +132,6 @@ def torchbay_report_env():
 @hookimpl
 def torchbay_accelerate_mapping():
     """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.accelerate_import import read_fragment
+    from torchbay.plugin import read_fragment
 
     return read_fragment(__package__)

@@ -11,8 +11,10 @@ Which devices workers see is the core setting ``visible_devices``.
 
 from __future__ import annotations
 
-from torchbay.device import DeviceBackend
-from torchbay.plugins import hookimpl
+from torchbay.plugin import DeviceBackend, hookimpl
+
+#: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
+TORCHBAY_PLUGIN_API = (1, 0)
 
 NAME = "npu"
 
@@ -25,7 +27,8 @@ class NPUBackend(DeviceBackend):
     priority = 95
     visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
     runtime_module = "torch_npu"
-    install_hint = "pip install torchbay-npu[runtime] (torch_npu of the same version as torch) on a machine with Ascend NPUs and the CANN toolkit"
+    install_hint = ("pip install torchbay-npu[runtime] (torch_npu of the same version as torch) on a machine with "
+                    "Ascend NPUs and the CANN toolkit")
     collective_backend = "hccl"
 
 
@@ -45,6 +48,6 @@ def torchbay_report_env():
 @hookimpl
 def torchbay_accelerate_mapping():
     """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.accelerate_import import read_fragment
+    from torchbay.plugin import read_fragment
 
     return read_fragment(__package__)

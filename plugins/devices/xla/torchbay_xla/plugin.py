@@ -29,9 +29,10 @@ from typing import Any, Literal, Optional
 import torch
 from pydantic import Field
 
-from torchbay.config import Section
-from torchbay.device import DeviceBackend
-from torchbay.plugins import hookimpl
+from torchbay.plugin import DeviceBackend, Section, hookimpl
+
+#: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
+TORCHBAY_PLUGIN_API = (1, 0)
 
 NAME = "xla"
 
@@ -202,6 +203,6 @@ def torchbay_report_env():
 @hookimpl
 def torchbay_accelerate_mapping():
     """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.accelerate_import import read_fragment
+    from torchbay.plugin import read_fragment
 
     return read_fragment(__package__)

@@ -2,7 +2,6 @@
 small-layer rule and the engine-options check (the engines' own tests are in tests/test_fp8.py)."""
 
 import torch
-
 from torchbay_fp8 import FP8Config
 from torchbay_fp8.linears import SMALL_LAYER_HARMONIC, harmonic_size, plan_linears, small_layers
 from torchbay_fp8.precision import option_problems
@@ -33,4 +32,5 @@ def test_engine_options_are_checked_by_name_type_and_value():
     problems = option_problems("mine", {"flg": True, "size": True, "level": "O3"}, allowed)
     assert "fp8.engine_options.flg is not an option of fp8 engine 'mine'; did you mean 'flag'?" in problems[0]
     assert "fp8.engine_options.size = True must be int or float" in problems[1]  # a bool is not a number here
-    assert "fp8.engine_options.level = 'O3' is not accepted by fp8 engine 'mine'; use one of ['O1', 'O2']" in problems[2]
+    assert ("fp8.engine_options.level = 'O3' is not accepted by fp8 engine 'mine'; "
+            "use one of ['O1', 'O2']") in problems[2]

@@ -6,7 +6,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field
 
-from torchbay.config import Section
+from torchbay.plugin import Section
 
 
 class FP8Config(Section):

@@ -7,9 +7,11 @@ themselves are registered by torchbay-fp8-te, torchbay-fp8-torchao and torchbay-
 
 from __future__ import annotations
 
-from torchbay.plugins import hookimpl
-
+from torchbay.plugin import hookimpl
 from torchbay_fp8.config import FP8Config
+
+#: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
+TORCHBAY_PLUGIN_API = (1, 0)
 
 
 @hookimpl
@@ -19,7 +21,7 @@ def torchbay_config_sections():
 
 @hookimpl
 def torchbay_add_cli_options(parser, command):
-    from torchbay.cli._options import add_section_options
+    from torchbay.plugin import add_section_options
 
     if command == "estimate-memory":  # it estimates every precision; no FP8 setting changes its numbers
         return
@@ -30,6 +32,6 @@ def torchbay_add_cli_options(parser, command):
 @hookimpl
 def torchbay_accelerate_mapping():
     """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.accelerate_import import read_fragment
+    from torchbay.plugin import read_fragment
 
     return read_fragment(__package__)

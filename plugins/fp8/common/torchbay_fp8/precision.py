@@ -16,8 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from torchbay.errors import CheckpointError
-from torchbay.precision import Precision
-
+from torchbay.plugin import Precision
 from torchbay_fp8.linears import SMALL_LAYER_HARMONIC
 
 

@@ -5,10 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from torchbay.errors import TorchbayError
 from torchbay_fp8 import FP8Config
 from torchbay_fp8_msamp.precision import MSAMPFP8Precision, strategy_problems
+
+from torchbay.errors import TorchbayError
 
 
 def test_msamp_refuses_deepspeed_at_any_zero_stage_and_fsdp():

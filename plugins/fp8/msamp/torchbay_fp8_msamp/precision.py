@@ -20,11 +20,10 @@ import logging
 from typing import Any
 
 import torch
-
-from torchbay.errors import CheckpointError, TorchbayError
-
 from torchbay_fp8 import FP8Precision, warn_small_layers
 from torchbay_fp8.precision import is_explicit
+
+from torchbay.errors import CheckpointError, TorchbayError
 
 log = logging.getLogger("torchbay.fp8")
 

@@ -4,7 +4,6 @@ import importlib.util
 
 import pytest
 import torch
-
 from torchbay_fp8 import FP8Config
 from torchbay_fp8_te.recipes import build_recipe, recipe_problems, recipe_spec
 

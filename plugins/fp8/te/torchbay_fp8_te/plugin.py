@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 
-from torchbay.plugins import hookimpl
+from torchbay.plugin import hookimpl
+
+#: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
+TORCHBAY_PLUGIN_API = (1, 0)
 
 
 @hookimpl
@@ -33,6 +36,6 @@ def torchbay_report_env():
 @hookimpl
 def torchbay_accelerate_mapping():
     """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.accelerate_import import read_fragment
+    from torchbay.plugin import read_fragment
 
     return read_fragment(__package__)

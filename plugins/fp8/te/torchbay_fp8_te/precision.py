@@ -19,11 +19,10 @@ import logging
 from typing import Any
 
 import torch
-
-from torchbay.errors import CheckpointError
-
 from torchbay_fp8 import FP8Precision, plan_linears, warn_small_layers
 from torchbay_fp8.precision import is_explicit
+
+from torchbay.errors import CheckpointError
 from torchbay_fp8_te import recipes
 
 log = logging.getLogger("torchbay.fp8")

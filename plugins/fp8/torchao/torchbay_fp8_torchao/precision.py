@@ -18,11 +18,10 @@ import logging
 from typing import Any
 
 import torch
-
-from torchbay.errors import CheckpointError
-
 from torchbay_fp8 import FP8Precision, LinearPlan, plan_linears, warn_small_layers
 from torchbay_fp8.precision import is_explicit
+
+from torchbay.errors import CheckpointError
 
 log = logging.getLogger("torchbay.fp8")
 
@@ -52,9 +51,11 @@ def fast_path_reason(device_backend_cls) -> str | None:
         if cap is None:
             return "no NVIDIA GPU was found"
         if cap < (8, 9):
-            return f"the GPU has compute capability {cap[0]}.{cap[1]}; FP8 tensor cores need 8.9+ (Ada, Hopper, Blackwell)"
+            return (f"the GPU has compute capability {cap[0]}.{cap[1]}; "
+                    "FP8 tensor cores need 8.9+ (Ada, Hopper, Blackwell)")
         return None
-    return f"device type '{device_type}' has no FP8 matmul that torchao uses (NVIDIA compute capability 8.9+ or ROCm MI300+)"
+    return (f"device type '{device_type}' has no FP8 matmul that torchao uses "
+            "(NVIDIA compute capability 8.9+ or ROCm MI300+)")
 
 
 class TorchaoFP8Precision(FP8Precision):

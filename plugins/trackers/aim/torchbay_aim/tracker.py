@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from torchbay.tracking import GeneralTracker, TrackerError, split_scalars, to_python
+from torchbay.plugin import GeneralTracker, TrackerError, split_scalars, to_python
 
 
 class AimTracker(GeneralTracker):

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from torchbay.tracking import GeneralTracker, TrackerError, say, split_scalars, to_python
+from torchbay.plugin import GeneralTracker, TrackerError, say, split_scalars, to_python
 
 
 class DVCLiveTracker(GeneralTracker):

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchbay.tracking import GeneralTracker, TrackerError, flatten, hparam_value, split_scalars, to_python
+from torchbay.plugin import GeneralTracker, TrackerError, flatten, hparam_value, split_scalars, to_python
 
 #: MLflow's limit on a param value's length
 PARAM_LIMIT = 6000

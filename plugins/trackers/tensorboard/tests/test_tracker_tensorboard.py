@@ -67,7 +67,7 @@ def test_two_processes_with_jsonl_and_resume(launches, tmp_path):
     assert scalars == expected_scalars(range(6))  # steps continue after load_state
     assert hparams["model/width"] == 4.0
     assert len(list(tmp_path.rglob("events.out.tfevents.*"))) == 4  # one writer + hparams per launch, rank 0 only
-    from torchbay.tracking import read_scalars
+    from torchbay.plugin import read_scalars
 
     assert read_scalars(tmp_path / "logs" / "jsonl" / "tiny" / "metrics.jsonl")["loss"] == scalars["loss"]
 

@@ -11,8 +11,10 @@ from typing import Optional
 
 from pydantic import Field
 
-from torchbay.config import Section
-from torchbay.plugins import hookimpl
+from torchbay.plugin import Section, hookimpl
+
+#: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
+TORCHBAY_PLUGIN_API = (1, 0)
 
 NAME = "tensorboard"
 
@@ -38,6 +40,6 @@ def torchbay_config_sections():
 
 @hookimpl
 def torchbay_report_env():
-    from torchbay.plugins import library_version
+    from torchbay.plugin import library_version
 
     return {"tensorboard": library_version("tensorboard")}

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from torchbay.tracking import GeneralTracker, TrackerError, flatten, hparam_value, split_scalars, to_python
+from torchbay.plugin import GeneralTracker, TrackerError, flatten, hparam_value, split_scalars, to_python
 
 
 class TensorBoardTracker(GeneralTracker):

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchbay.tracking import GeneralTracker, TrackerError, flatten, to_python
+from torchbay.plugin import GeneralTracker, TrackerError, flatten, to_python
 
 
 class TrackioTracker(GeneralTracker):

@@ -13,8 +13,10 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from torchbay.config import Section
-from torchbay.plugins import hookimpl
+from torchbay.plugin import Section, hookimpl
+
+#: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
+TORCHBAY_PLUGIN_API = (1, 0)
 
 NAME = "wandb"
 
@@ -40,6 +42,6 @@ def torchbay_config_sections():
 
 @hookimpl
 def torchbay_report_env():
-    from torchbay.plugins import library_version
+    from torchbay.plugin import library_version
 
     return {"wandb": library_version("wandb")}

@@ -1,0 +1,10 @@
+"""The user's API: :class:`Accelerator` (Accelerate's ``accelerate.accelerator`` path) and the parts it composes:
+``prepare`` (what ``prepare`` does per object), ``prepared`` (the optimizer and scheduler wrappers),
+``process`` (collectives and the breakpoint trigger), ``tracking`` (the tracker methods), ``surface`` (Accelerate-only
+arguments and members).
+"""
+
+from torchbay._lazy import serve_from
+
+__all__ = ['Accelerator']
+__getattr__, __dir__ = serve_from(__name__, "torchbay.accelerator.accelerator", __all__)

@@ -1,0 +1,399 @@
+"""The ``Accelerator``: the user-facing API, with Hugging Face Accelerate's names.
+
+It resolves the config, selects a device, strategy and precision through the plugin
+manager, joins the process group when there are several processes, and from then on calls
+plain methods of the selected objects (no hook dispatch per step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copyreg
+import gc
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from torchbay.accelerator.prepare import Preparation
+from torchbay.accelerator.prepared import PreparedOptimizer, PreparedScheduler
+from torchbay.accelerator.process import ProcessControl
+from torchbay.accelerator.surface import AccelerateSurface, plugin_objects
+from torchbay.accelerator.surface import translate as translate_accelerate_arguments
+from torchbay.accelerator.tracking import Tracking
+from torchbay.axes.strategy import Strategy
+from torchbay.checkpoint.checkpointer import StateCheckpointer
+from torchbay.config.handlers import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    ProfileKwargs,
+    ProjectConfiguration,
+)
+from torchbay.config.model import ResolvedConfig
+from torchbay.config.resolve import config_model, resolve_config
+from torchbay.data.gradient_state import GradientState
+from torchbay.data.loader import PreparedDataLoader, SkipFirstBatches
+from torchbay.errors import ConfigError, TorchbayError
+from torchbay.plugin.manager import get_plugin_manager
+from torchbay.plugin.selection import build_context
+from torchbay.process import running
+from torchbay.process.seeding import set_seed
+from torchbay.process.state import AcceleratorState, DistributedType, PartialState, distributed_type_for
+
+#: what ``accumulate`` returns on a micro-batch that syncs (a nullcontext can be entered again and again)
+_SYNC_STEP = contextlib.nullcontext()
+
+
+def _explicit_args(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
+    """Runs your own training loop on the configured device, strategy and precision.
+
+    Arguments left as ``None`` come from the config sources (defaults < YAML file <
+    ``TORCHBAY_*`` env < CLI flags); given arguments win. ``config`` takes extra settings
+    as a nested or dotted mapping (``{"mysection": {"some_key": False}}``).
+    """
+
+    def __init__(self, *, device: str | None = None, strategy: str | None = None, mixed_precision: str | None = None,
+                 gradient_accumulation_steps: int | None = None,
+                 dataloader_config: DataLoaderConfiguration | None = None, kwargs_handlers: Iterable[Any] = (),
+                 project_config: ProjectConfiguration | None = None, project_dir: str | None = None,
+                 config: dict[str, Any] | ResolvedConfig | None = None, config_file: str | None = None,
+                 cpu: bool = False, seed: int | None = None, step_scheduler_with_optimizer: bool | None = None,
+                 device_placement: bool | None = None,
+                 gradient_accumulation_plugin: GradientAccumulationPlugin | None = None, log_with: Any = None,
+                 **accelerate_args: Any):
+        tracker_names, tracker_instances = self._log_with_names(log_with)
+        sync_each_batch, adjust_scheduler = False, True
+        if gradient_accumulation_plugin is not None:
+            sync_each_batch = gradient_accumulation_plugin.sync_each_batch
+            adjust_scheduler = gradient_accumulation_plugin.adjust_scheduler
+            if not gradient_accumulation_plugin.sync_with_dataloader:
+                raise ConfigError("gradient_accumulation_plugin.sync_with_dataloader=False is not supported: "
+                                  "torchbay always syncs gradients on the last batch of a data loader")
+            if gradient_accumulation_steps not in (None, gradient_accumulation_plugin.num_steps):
+                raise ConfigError("gradient_accumulation_steps and gradient_accumulation_plugin.num_steps "
+                                  "disagree; give one")
+            gradient_accumulation_steps = gradient_accumulation_plugin.num_steps
+        args = dict(config) if isinstance(config, dict) else {}
+        args.update(translate_accelerate_arguments(accelerate_args))
+        args.update(_explicit_args(device="cpu" if cpu else device, strategy=strategy, mixed_precision=mixed_precision,
+                                   gradient_accumulation_steps=gradient_accumulation_steps, seed=seed,
+                                   step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+                                   device_placement=device_placement))
+        if dataloader_config is not None:
+            args["dataloader"] = dataloader_config.to_config()
+        if project_config is not None:
+            args["project"] = project_config.to_config()
+        if project_dir is not None:
+            args["project.project_dir"] = project_dir
+        if tracker_names is not None:
+            args["tracking.log_with"] = tracker_names
+        self.handlers = self._sort_handlers(kwargs_handlers)
+        if self.handlers.get(InitProcessGroupKwargs):
+            ipg = self.handlers[InitProcessGroupKwargs]
+            if ipg.backend:
+                args["process_group_backend"] = ipg.backend
+            if ipg.timeout:
+                args["process_group_timeout_s"] = ipg.timeout.total_seconds()
+
+        self.pm = get_plugin_manager()
+        resolved = (config if isinstance(config, ResolvedConfig)
+                    else resolve_config(file=config_file, args=args, pm=self.pm))
+        _make_picklable(self.pm, resolved.config)
+        self.context = build_context(resolved, self.pm)
+        self.context.accelerator = self
+        self.context.kwargs_handlers = self.handlers
+        self.context.plugin_objects = plugin_objects(accelerate_args)
+        self.config = resolved.config
+
+        self.device_backend = self.context.device_backend_cls(self.context.cluster.local_rank())
+        self.context.device_backend = self.device_backend
+        self.device_backend.set_current()
+        self.strategy = self.context.strategy_cls(self.context)
+        # decided once: whether accumulating micro-batches must enter the strategy's no_sync at all
+        self._strategy_defers_sync = type(self.strategy).no_sync is not Strategy.no_sync
+        self.context.strategy = self.strategy
+        self.strategy.setup_environment(timeout_s=self.config.process_group_timeout_s)
+        running.register_process_group_owner(self.strategy)
+        if accelerate_args.get("parallelism_config") is not None:  # the user's object gets the strategy's mesh
+            accelerate_args["parallelism_config"].device_mesh = self.strategy.device_mesh
+        running.started(self)
+        self.precision = self.strategy.adapt_precision(self.context.precision_cls(self.context))
+        self.context.precision = self.precision
+        io_cls = self.pm.registries()["checkpoint_io"][self.config.checkpoint.io]
+        self.checkpoint_io = io_cls(max_shard_size=self.config.checkpoint.max_shard_size)
+        self.checkpoint_io.trusted = self.config.checkpoint.allow_unsafe_pickle
+
+        self.gradient_state = GradientState(self.config.gradient_accumulation_steps, sync_each_batch=sync_each_batch)
+        self.gradient_state._adjust_scheduler = adjust_scheduler
+        self._distributed_type = distributed_type_for(self.strategy, self.device_backend)
+        self._adopt_state()
+        self.save_iteration = self.config.project.iteration
+        self._models: list[Any] = []
+        self._optimizers: list[PreparedOptimizer] = []
+        self._schedulers: list[PreparedScheduler] = []
+        self._dataloaders: list[PreparedDataLoader] = []
+        self._custom_objects: list[Any] = []
+        self._checkpointer = StateCheckpointer(self)
+        self._setup_tracking(tracker_instances)
+        if self.config.seed is not None:
+            set_seed(self.config.seed)
+
+    def _adopt_state(self) -> None:
+        """Make the process-wide ``AcceleratorState`` describe this accelerator (the latest one wins)."""
+        PartialState._adopt(PartialState.__new__(PartialState), self.strategy, cpu=self.device_backend.name == "cpu",
+                            mixed_precision=self.config.mixed_precision)
+        PartialState._shared_state["distributed_type"] = self._distributed_type
+        PartialState._shared_state["_gradient_state"] = self.gradient_state
+        self.state = AcceleratorState.__new__(AcceleratorState)
+        self.state.__dict__ = PartialState._shared_state
+
+    @staticmethod
+    def _sort_handlers(handlers: Iterable[Any]) -> dict[type, Any]:
+        known = (AutocastKwargs, GradScalerKwargs, DistributedDataParallelKwargs, InitProcessGroupKwargs,
+                 ProfileKwargs)
+        out: dict[type, Any] = {}
+        for handler in handlers:
+            kind = next((k for k in known if isinstance(handler, k)), type(handler))
+            if kind in out:
+                raise ConfigError(f"kwargs_handlers has two {kind.__name__} objects; pass one")
+            out[kind] = handler
+        return out
+
+    # -- where am I ------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.device_backend.device
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """Accelerate's kind of run (``DistributedType.MULTI_CPU``...); ``strategy.name`` is torchbay's."""
+        return self._distributed_type
+
+    @property
+    def dataloader_config(self) -> DataLoaderConfiguration:
+        """The ``dataloader`` settings as Accelerate's object; assigning one changes later ``prepare`` calls."""
+        return DataLoaderConfiguration(**self.config.dataloader.model_dump())
+
+    @dataloader_config.setter
+    def dataloader_config(self, value: DataLoaderConfiguration) -> None:
+        for key, item in value.to_config().items():
+            setattr(self.config.dataloader, key, item)
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.config.mixed_precision
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.accumulation_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        self.gradient_state.accumulation_steps = value
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    @property
+    def project_dir(self) -> str:
+        return self.config.project.project_dir
+
+    def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = True) -> torch.nn.Module:
+        """The user's module; ``keep_fp32_wrapper=False`` also removes the mixed-precision forward."""
+        inner = self.strategy.unwrap_model(model)
+        if not keep_fp32_wrapper and hasattr(inner, "_torchbay_original_forward"):
+            inner.forward = inner._torchbay_original_forward
+            del inner._torchbay_original_forward
+        return inner
+
+    # -- every step ----------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        if not self.strategy.handles_accumulation and self.gradient_state.accumulation_steps > 1:
+            loss = loss / self.gradient_state.accumulation_steps
+        self.strategy.backward(self.precision.scale_loss(loss), sync_gradients=self.gradient_state.sync_gradients,
+                               **kwargs)
+
+    def accumulate(self, *models: Any):
+        """Accumulate gradients locally until the last micro-batch of the window, then sync.
+
+        Called once per step: a micro-batch that syncs (or a strategy whose ``no_sync`` does
+        nothing) gets one shared empty context (no generator, no exit stack), the others the
+        strategy's ``no_sync`` of every model."""
+        sync = self.gradient_state.advance()
+        if sync or self.gradient_state.sync_each_batch or not models or not self._strategy_defers_sync:
+            return _SYNC_STEP
+        stack = contextlib.ExitStack()
+        for model in models:
+            stack.enter_context(self.strategy.no_sync(model))
+        return stack
+
+    @contextlib.contextmanager
+    def no_sync(self, model: Any):
+        with self.strategy.no_sync(model):
+            yield
+
+    def autocast(self, autocast_handler: AutocastKwargs | None = None):
+        if autocast_handler is not None:
+            return self.precision.forward_context(autocast_handler)
+        return self.precision.forward_context()
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        prepared = [o for o in self._optimizers if optimizer is None or optimizer is o or optimizer is o.optimizer]
+        if optimizer is not None and not prepared:  # an optimizer prepare() never saw
+            self.precision.unscale_gradients(getattr(optimizer, "optimizer", optimizer))
+        for opt in prepared:
+            opt.unscale_gradients()
+
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        self.unscale_gradients()
+        return self.precision.clip_grad_norm_(parameters, max_norm, norm_type, self.strategy)
+
+    def clip_grad_value_(self, parameters, clip_value: float) -> None:
+        self.unscale_gradients()
+        self.strategy.clip_grad_value_(parameters, clip_value)
+
+    # -- state ---------------------------------------------------------------------------
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        bad = [type(o).__name__ for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))]
+        if bad:
+            raise TorchbayError(f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
+                                f"these have not: {', '.join(bad)}")
+        self._custom_objects.extend(objects)
+
+    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, *,
+                   blocking: bool | None = None, **save_model_func_kwargs: Any) -> Any:
+        """Save everything prepared (and registered) to ``output_dir``, atomically; see
+        docs/checkpoint-guarantees.md. Model weights go through ``checkpoint.io``.
+
+        ``blocking=False``: the state at the call is copied and written in the background; returns
+        an :class:`~torchbay.checkpoint.async_save.AsyncSave` (``wait()``, ``done()``). Unset, it is
+        ``True`` except for automatic checkpoints with ``checkpoint.async_save: true``."""
+        _refuse_unsupported("save_state", safe_serialization is not True and "safe_serialization=False",
+                            "model weights are written by the checkpoint io (checkpoint.io), safetensors by default")
+        _refuse_unsupported("save_state", save_model_func_kwargs and ", ".join(save_model_func_kwargs),
+                            "torchbay does not pass arguments to a save function; set checkpoint.* instead")
+        saved = self._checkpointer.save(output_dir, blocking)
+        return saved if not isinstance(saved, Path) else str(saved)
+
+    def load_state(self, input_dir: str | None = None, load_kwargs: dict | None = None,
+                   **load_model_func_kwargs: Any) -> str:
+        """Restore what :meth:`save_state` wrote (verified first; nothing changes on a bad checkpoint)."""
+        _refuse_unsupported("load_state", load_kwargs and "load_kwargs",
+                            "torchbay loads optimizer state with weights_only=True and maps it itself")
+        _refuse_unsupported("load_state", load_model_func_kwargs and ", ".join(load_model_func_kwargs),
+                            "models are loaded strictly; a checkpoint that does not fit is an error")
+        return str(self._checkpointer.load(input_dir))
+
+    def _training_state(self) -> dict[str, Any]:
+        return {"gradient_step": self.gradient_state.step, "save_iteration": self.save_iteration,
+                "dataloaders": [dl.state_dict() for dl in self._dataloaders], **self._tracking_state()}
+
+    def _load_training_state(self, state: dict[str, Any]) -> None:
+        self.gradient_state.step = int(state["gradient_step"])
+        self._load_tracking_state(state)
+        for loader, dl_state in zip(self._dataloaders, state["dataloaders"]):
+            loader.load_state_dict(dl_state)
+
+    def skip_first_batches(self, dataloader: PreparedDataLoader, num_batches: int = 0) -> SkipFirstBatches:
+        if not isinstance(dataloader, PreparedDataLoader):
+            raise TorchbayError("skip_first_batches takes a data loader returned by accelerator.prepare")
+        return SkipFirstBatches(dataloader, num_batches)
+
+    def get_state_dict(self, model: Any, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The full state dict (gathered from every rank when the strategy shards).
+
+        Call it on every process: a sharding strategy gathers through a collective.
+        """
+        return self.strategy.model_state_dict(model)
+
+    def save_model(self, model: Any, save_directory: str, max_shard_size: str = "10GB",
+                   safe_serialization: bool = True) -> list[str]:
+        """Write the full weights as (sharded) safetensors on the main process.
+
+        Call it on every process: a sharding strategy gathers the weights through a collective.
+        The folder holds what Accelerate's save_model writes (``model.safetensors``, or shards and
+        ``model.safetensors.index.json``), each file renamed into place once complete; other files
+        there are left alone, a weights file torchbay did not write is never overwritten (the save
+        is refused), and the weights files of an earlier torchbay save that this one does not
+        rewrite are removed.
+        """
+        _refuse_unsupported("save_model", safe_serialization is not True and "safe_serialization=False",
+                            "save_model writes safetensors only (no pickle a reader would have to trust)")
+        state = self.get_state_dict(model)
+        return self._checkpointer.save_model_files(state, save_directory, max_shard_size)
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """Save ``obj`` to ``f`` on the main process (safetensors for a dict of tensors with
+        ``safe_serialization=True``, else ``torch.save``)."""
+        if not self.is_main_process:
+            return
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(obj, f, metadata={"format": "pt"})
+        else:
+            torch.save(obj, f)
+
+    def free_memory(self, *objects: Any):
+        """Drop torchbay's references to prepared objects and empty the device cache."""
+        for bucket in (self._models, self._optimizers, self._schedulers, self._dataloaders):
+            bucket.clear()
+        gc.collect()
+        self.device_backend.empty_cache()
+        return [None] * len(objects) if len(objects) != 1 else None
+
+    release_memory = free_memory
+
+    def end_training(self) -> None:
+        """Finish the trackers (closing their files), then tear down the process group; call at
+        the end of a run (also done at exit). A save still in flight is finished first (its
+        error is raised once the process group is torn down)."""
+        try:
+            self._checkpointer.finish_pending()
+            self._checkpointer.release_staging()
+        finally:
+            self._close_trackers_and_group()
+
+    def finish_at_exit(self) -> None:
+        """At interpreter exit (process/running.py): flush and close what end_training was not called to close."""
+        with contextlib.suppress(Exception):
+            self._finish_trackers()
+        self.strategy.teardown(barrier=False)
+
+    def _close_trackers_and_group(self) -> None:
+        try:
+            self._finish_trackers()
+        finally:
+            self.strategy.teardown()
+            running.stopped(self)
+
+
+def _refuse_unsupported(method: str, what: Any, why: str) -> None:
+    """Raise for an Accelerate argument torchbay does not honour, rather than ignore it."""
+    if what:
+        raise ConfigError(f"{method}({what}) is not supported: {why}; remove the argument")
+
+
+def _make_picklable(pm: Any, config: Any) -> None:
+    """An Accelerator pickles (as Accelerate's does): its plugin manager by reference to this
+    process's, its config (a class built at run time) by value."""
+    copyreg.pickle(type(pm), lambda _: (get_plugin_manager, ()))
+    copyreg.pickle(type(config), lambda c: (_rebuild_config, (c.model_dump(),)))
+
+
+def _rebuild_config(data: dict[str, Any]) -> Any:
+    return config_model(get_plugin_manager()).model_validate(data)

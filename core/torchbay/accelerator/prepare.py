@@ -1,0 +1,175 @@
+"""The ``Accelerator``'s ``prepare`` family, with Accelerate's names.
+
+A mixin of :class:`~torchbay.accelerator.accelerator.Accelerator`. One ``prepare`` call runs, in order:
+the precision's ``convert_module`` on each model, the strategy's ``connect_dataloader`` on
+each data loader, the precision's ``prepare`` (engines that must see models and optimizers
+together), the strategy's ``setup`` (moving and wrapping), then torchbay's own wrappers
+(the forward under the precision's autocast, ``PreparedOptimizer``, ``PreparedScheduler``,
+the sharded data loaders), and last the ``compile`` step (``torch.compile`` of the modules the
+strategy names, in place; see :mod:`torchbay.compile.compiler`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from torchbay.accelerator.prepared import PreparedOptimizer, PreparedScheduler
+from torchbay.compile.compiler import ModelCompiler, bind_forward
+from torchbay.data import operations
+from torchbay.data.loader import DataLoaderDispatcher, DataLoaderShard, LoaderSettings, PreparedDataLoader
+from torchbay.errors import ConfigError
+
+
+class Preparation:
+    """Methods of the Accelerator that turn the user's objects into prepared ones."""
+
+    def prepare(self, *objects: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, schedulers and data loaders (any order, any number of calls).
+
+        ``device_placement``: one flag per object (default: the ``device_placement`` setting);
+        a data loader with ``False`` yields batches where they are.
+        """
+        self.state.distributed_type  # noqa: B018 (raises StateResetError after AcceleratorState._reset_state())
+        placements = self._placements(objects, device_placement)
+        objects = [self.precision.convert_module(o) if isinstance(o, torch.nn.Module) else o for o in objects]
+        kinds = [self._kind(o) for o in objects]
+        for obj, kind, placed in zip(objects, kinds, placements):
+            if kind == "model" and not placed:
+                self._check_unplaced_model(obj)
+            if kind == "dataloader":
+                self.strategy.connect_dataloader(obj)
+        models = [o for o, k in zip(objects, kinds) if k == "model"]
+        optimizers = [o for o, k in zip(objects, kinds) if k == "optimizer"]
+        schedulers = [o for o, k in zip(objects, kinds) if k == "scheduler"]
+        models, optimizers = self.precision.prepare(models, optimizers)
+        models, optimizers, schedulers = self.strategy.setup(models, optimizers, schedulers)
+        models = [self._compiler.compile(self._wrap_forward(m)) for m in models]
+        prepared_opts = [PreparedOptimizer(o, self) for o in optimizers]
+        self._models += models
+        self._optimizers += prepared_opts
+        queues = {"model": iter(models), "optimizer": iter(prepared_opts), "scheduler": iter(schedulers)}
+        result = []
+        for obj, kind, placed in zip(objects, kinds, placements):
+            if kind in queues:
+                obj = next(queues[kind])
+                if kind == "scheduler":
+                    if isinstance(obj, PreparedScheduler):  # the strategy's own prepared form (it steps it itself)
+                        obj.accelerator, obj.optimizers = self, self._optimizers_for(obj)
+                    else:
+                        obj = PreparedScheduler(obj, self._optimizers_for(obj), self)
+                    self._schedulers.append(obj)
+            elif kind == "dataloader":
+                obj = self.prepare_data_loader(obj, device_placement=placed)
+            result.append(obj)
+        return result[0] if len(result) == 1 else tuple(result)
+
+    @property
+    def _compiler(self) -> ModelCompiler:
+        """The ``compile`` step (made on first use: it needs the selected strategy and precision)."""
+        compiler = self.__dict__.get("_model_compiler")
+        if compiler is None:
+            compiler = self._model_compiler = ModelCompiler(self.config.compile, self.strategy, self.precision)
+        return compiler
+
+    def _placements(self, objects: tuple, device_placement: list[bool] | None) -> list[bool]:
+        if device_placement is None:
+            return [self.config.device_placement] * len(objects)
+        if len(device_placement) != len(objects):
+            raise ConfigError(f"prepare(device_placement=...) has {len(device_placement)} flag(s) for "
+                              f"{len(objects)} object(s); give one flag per object")
+        return list(device_placement)
+
+    def _check_unplaced_model(self, model: torch.nn.Module) -> None:
+        """A model to train is placed by the strategy; leaving it elsewhere is only possible where it already is."""
+        here = (self.device.type, self.device.index or 0)
+        off_device = {str(p.device) for p in model.parameters() if (p.device.type, p.device.index or 0) != here}
+        if off_device:
+            raise ConfigError(f"device_placement=False for a model to train, whose parameters are on "
+                              f"{', '.join(sorted(off_device))} and not on {self.device}: torchbay's strategy "
+                              f"places training models on the process's device. Move the model yourself, or "
+                              f"prepare it with prepare_model(model, evaluation_mode=True) for inference")
+
+    @staticmethod
+    def _kind(obj: Any) -> str:
+        if isinstance(obj, torch.nn.Module):
+            return "model"
+        if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, PreparedOptimizer):
+            return "optimizer"
+        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or hasattr(obj, "step") and hasattr(obj, "optimizer"):
+            return "scheduler"
+        if isinstance(obj, DataLoader):
+            return "dataloader"
+        return "other"
+
+    def _optimizers_for(self, scheduler: Any) -> list[PreparedOptimizer]:
+        target = getattr(scheduler, "optimizer", None)
+        return [o for o in self._optimizers if o.optimizer is target or o is target] or list(self._optimizers)
+
+    def _wrap_forward(self, model: Any) -> Any:
+        """Run the forward in the precision's context; half-precision outputs come back as fp32
+        (as Accelerate's ``convert_outputs_to_fp32``), so a loss computed outside the model runs
+        in fp32, as it would inside a raw ``torch.autocast`` block."""
+        inner = self.strategy.unwrap_model(model)
+        if self.precision.wraps_forward and not hasattr(inner, "_torchbay_original_forward"):
+            original = inner.forward
+            precision = self.precision
+
+            @functools.wraps(original)  # its name and doc; bind_forward gives its signature
+            def forward(module, *args, **kwargs):
+                with precision.forward_context():
+                    return module._torchbay_original_forward(*args, **kwargs)
+
+            inner._torchbay_original_forward = original
+            wrapped = operations.convert_outputs_to_fp32(forward) if precision.fp32_outputs else forward
+            inner.forward = bind_forward(inner, wrapped, like=original)
+        return model
+
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
+                      evaluation_mode: bool = False) -> Any:
+        """Prepare one model; ``evaluation_mode=True`` only places it and applies the precision (no
+        strategy wrapping, as Accelerate does for inference)."""
+        if evaluation_mode:
+            self.state.distributed_type  # noqa: B018 (raises StateResetError after _reset_state())
+            model = self.precision.convert_module(model)
+            if self.config.device_placement if device_placement is None else device_placement:
+                model = model.to(self.device)
+            return self._compiler.compile(self._wrap_forward(model))
+        return self.prepare(model)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+                          ) -> PreparedOptimizer:
+        return self.prepare(optimizer)
+
+    def prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
+        return self.prepare(scheduler)
+
+    def prepare_data_loader(self, dataloader: DataLoader, device_placement: bool | None = None,
+                            slice_fn_for_dispatch: Any = None) -> PreparedDataLoader:
+        if slice_fn_for_dispatch is not None:
+            raise ConfigError("prepare_data_loader(slice_fn_for_dispatch=...) is not supported: dispatched batches "
+                              "are sliced along dim 0 of every tensor")
+        self.strategy.connect_dataloader(dataloader)
+        cfg = self.config.dataloader
+        seed = (cfg.data_seed if cfg.data_seed is not None
+                else self.strategy.broadcast_object(torch.initial_seed() % 2**62))
+        placement = self.config.device_placement if device_placement is None else device_placement
+        dispatch = cfg.dispatch_batches
+        if dispatch is None:  # Accelerate's default: the main process reads iterable datasets
+            dispatch = placement and isinstance(dataloader.dataset, IterableDataset)
+        # ranks of one tensor/context parallel group read the same batch: split by the data-parallel rank
+        settings = LoaderSettings(num_processes=self.strategy.data_parallel_size,
+                                  process_index=self.strategy.data_parallel_rank,
+                                  device=self.device if placement else None, split_batches=cfg.split_batches,
+                                  even_batches=cfg.even_batches, dispatch_batches=dispatch,
+                                  use_seedable_sampler=cfg.use_seedable_sampler, non_blocking=cfg.non_blocking,
+                                  use_stateful_dataloader=cfg.use_stateful_dataloader)
+        cls = DataLoaderDispatcher if dispatch else DataLoaderShard
+        loader = cls(dataloader, settings=settings, seed=seed, strategy=self.strategy,
+                     gradient_state=self.gradient_state, device_backend=self.device_backend)
+        self._dataloaders.append(loader)
+        return loader
+

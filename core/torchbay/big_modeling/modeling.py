@@ -1,0 +1,352 @@
+"""Big-model inference with Accelerate's names: empty init, device maps, cpu and disk offload.
+
+>>> with torchbay.init_empty_weights():
+...     model = MyModel(config)                  # parameters on the meta device: no memory
+>>> model = torchbay.load_checkpoint_and_dispatch(model, "ckpt/", device_map="auto")
+>>> model.hf_device_map                          # {"embed": 0, "layers.0": 0, ..., "head": "cpu"}
+
+The devices and how much each may hold come from the device plugins (see device_map.py);
+dispatch_hooks.py moves activations between devices and brings offloaded weights in;
+checkpoint_loading.py reads the checkpoint straight into the placement. docs/big-model-inference.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from torchbay.big_modeling.align_hook import AlignDevicesHook
+from torchbay.big_modeling.device_map import (
+    CPU,
+    DISK,
+    accelerator_class,
+    check_device_map,
+    device_key,
+    named_module_tensors,
+    torch_device,
+)
+from torchbay.big_modeling.hook_placement import (
+    attach_align_device_hook,
+    attach_dispatch_hooks,
+    attach_layerwise_casting_hooks,
+)
+from torchbay.big_modeling.hooks import CpuOffload, UserCpuOffloadHook, add_hook_to_module, remove_hook_from_module
+from torchbay.big_modeling.infer import get_balanced_memory, infer_auto_device_map
+from torchbay.big_modeling.loading import OFFLOADED, Slot, load_checkpoint_in_model, model_slots
+from torchbay.big_modeling.offload_index import INDEX as OFFLOAD_INDEX
+from torchbay.big_modeling.offload_index import LEGACY_INDEX as LEGACY_OFFLOAD_INDEX
+from torchbay.big_modeling.offload_index import (
+    FileSource,
+    OffloadedWeightsLoader,
+    read_offload_index,
+    save_offload_index,
+    write_offload,
+)
+from torchbay.errors import ConfigError
+
+DEVICE_MAP_MODES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+@contextlib.contextmanager
+def init_on_device(device: torch.device | str, include_buffers: bool | None = None) -> Iterator[None]:
+    """Create every parameter (and, with ``include_buffers``, every buffer) on ``device``.
+
+    A parameter that is already on ``device`` is kept as it is, and one parameter object given
+    to several modules becomes one object on ``device``, so a tie made inside the block
+    (``self.head.weight = self.embed.weight``) stays one parameter.
+    """
+    device = torch.device(device)
+    if include_buffers:
+        with torch.device(device):
+            yield
+        return
+    original = nn.Module.register_parameter
+    moved: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}  # id(original) -> (original, its copy on device)
+
+    def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(module, name, param)
+        if param is not None and param.device != device:
+            if id(param) not in moved:  # one parameter given to two modules stays one parameter
+                copy = type(param)(param.to(device), requires_grad=param.requires_grad)
+                copy.__dict__.update(param.__dict__)  # what a parameter subclass carries
+                moved[id(param)] = (param, copy)
+            module._parameters[name] = moved[id(param)][1]
+
+    nn.Module.register_parameter = register_parameter
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original
+
+
+def init_empty_weights(include_buffers: bool | None = None):
+    """Build a model of any size in no memory: its parameters on the meta device."""
+    return init_on_device(torch.device("meta"), include_buffers=bool(include_buffers))
+
+
+# --- dispatch ---------------------------------------------------------------------------
+
+
+def _main_device(device_map: dict[str, Any], main_device: Any) -> Any:
+    if main_device is not None:
+        return device_key(main_device)
+    return next((d for d in device_map.values() if d not in (CPU, DISK)), CPU)
+
+
+def _resolve(slot: Slot, where: Any, state_dict: dict | None) -> torch.Tensor:
+    """The value of a slot: from ``state_dict`` (any of its names), else the model's own tensor."""
+    for name in slot.names:
+        if state_dict is not None and name in state_dict:
+            return state_dict[name]
+    if slot.tensor.device.type == "meta":
+        raise ConfigError(f"'{' = '.join(slot.names)}' is on the meta device and nothing gives its value: load a "
+                          f"checkpoint (load_checkpoint_and_dispatch) or pass state_dict=",
+                          header="cannot dispatch the model")
+    return slot.tensor
+
+
+def _check_values(slots: list[Slot], state_dict: dict | None) -> None:
+    missing = [" = ".join(s.names) for s in slots if s.tensor.device.type == "meta"
+               and not (state_dict is not None and any(n in state_dict for n in s.names))]
+    if missing:
+        raise ConfigError(f"{len(missing)} tensor(s) are on the meta device and nothing gives their value: "
+                          f"{', '.join(missing[:12])}; load a checkpoint (load_checkpoint_and_dispatch) or pass "
+                          f"state_dict=", header="cannot dispatch the model")
+
+
+def dispatch_model(model: nn.Module, device_map: dict[str, Any], main_device: Any = None,
+                   state_dict: dict[str, torch.Tensor] | None = None, offload_dir: str | Path | None = None,
+                   offload_index: dict[str, Any] | None = None, offload_buffers: bool = False,
+                   skip_keys: str | list[str] | None = None, preload_module_classes: list[str] | None = None,
+                   force_hooks: bool = False) -> nn.Module:
+    """Place ``model`` as ``device_map`` says and attach the hooks that make it run there.
+
+    Modules on ``"disk"`` (and on ``"cpu"`` when an accelerator is the main device) are
+    offloaded: their weights wait on the cpu or on disk and come to ``main_device`` while the
+    module runs. The chosen map is set as ``model.hf_device_map``.
+    """
+    check_device_map(model, device_map)
+    keys = {name: device_key(d) for name, d in device_map.items()}
+    main = _main_device(keys, main_device)
+    offloaded = {DISK} if main == CPU else {CPU, DISK}
+    remove_hook_from_module(model, recurse=True)
+    slots, transient = model_slots(model)
+    if len(set(keys.values())) == 1 and next(iter(keys.values())) != DISK and not force_hooks:
+        device = torch_device(next(iter(keys.values())))
+        _check_values(slots + transient, state_dict)
+        for slot in slots + transient:
+            value = _resolve(slot, device, state_dict)
+            if value is not slot.tensor or value.device != device:
+                slot.assign(model, value.to(device))
+        model.hf_device_map = dict(device_map)
+        return model
+    disk_entries = _disk_entries(model, offload_dir, offload_index)
+    plan, unresolved, no_folder = [], [], []
+    transient_ids = {id(s) for s in transient}
+    for slot in slots + transient:  # everything is checked before the model changes
+        places = [keys[_unit_of(n, keys)] for n in slot.names]
+        place = next((p for p in places if p not in offloaded), places[0])
+        off = place in offloaded and (slot.is_param or offload_buffers) and id(slot) not in transient_ids
+        stored = off and place == DISK and any(n in disk_entries for n in slot.names)
+        if not stored and slot.tensor.device.type == "meta" and not (
+                state_dict is not None and any(n in state_dict for n in slot.names)):
+            unresolved.append(" = ".join(slot.names))
+        elif off and place == DISK and not stored and offload_dir is None:
+            no_folder.append(slot.names[0])
+        plan.append((slot, place, off))
+    if unresolved:
+        raise ConfigError(f"{len(unresolved)} tensor(s) are on the meta device and nothing gives their value: "
+                          f"{', '.join(unresolved[:12])}; load a checkpoint (load_checkpoint_and_dispatch) or pass "
+                          f"state_dict=", header="cannot dispatch the model")
+    if no_folder:
+        raise ConfigError(f"device_map puts {', '.join(no_folder[:12])} on 'disk' and no offload folder holds them: "
+                          f"pass offload_dir= (a folder for their copies)", header="cannot offload to disk")
+    home: dict[int, Any] = {}  # slot id -> torch device, or None for an offloaded slot
+    cpu_weights: dict[str, torch.Tensor] = {}
+    index: dict[str, dict] = {}
+    pending: dict[str, Slot] = {}
+    for slot, place, off in plan:
+        home[id(slot)] = None if off else torch_device(main if place in offloaded else place)
+        if off and place == DISK:
+            entry = next((disk_entries[n] for n in slot.names if n in disk_entries), None)
+            if entry is None:
+                pending[slot.names[0]] = slot
+            else:
+                index.update({n: entry for n in slot.names})
+            continue
+        device = torch_device(CPU) if off else home[id(slot)]
+        value = _resolve(slot, device, state_dict)
+        if value is not slot.tensor or value.device != device:
+            slot.assign(model, value.to(device))
+        if off:
+            cpu_weights.update({n: slot.tensor for n in slot.names})
+    if pending:
+        index.update(_write_to_disk(model, pending, offload_dir, state_dict))
+    loader = OffloadedWeightsLoader(state_dict=cpu_weights, save_folder=offload_dir, index=index)
+    attach_dispatch_hooks(model, keys, main, offloaded, slots + transient, home, loader, offload_buffers, skip_keys,
+                  preload_module_classes or [])
+    model.hf_device_map = dict(device_map)
+    return model
+
+
+def _write_to_disk(model: nn.Module, pending: dict[str, Slot], offload_dir, state_dict) -> dict[str, dict]:
+    """Copy the disk-placed tensors no file holds yet into ``offload_dir``; their index entries."""
+    tensors = {name: _resolve(slot, CPU, state_dict) for name, slot in pending.items()}
+    written = write_offload(Path(offload_dir), tensors)
+    entries = {}
+    for name, slot in pending.items():
+        entries.update({n: written[name].entry() for n in slot.names})
+        slot.assign(model, torch.empty(slot.tensor.shape, dtype=slot.tensor.dtype, device="meta"))
+    save_offload_index(entries, offload_dir)
+    return entries
+
+
+def _unit_of(name: str, keys: dict[str, Any]) -> str:
+    parts = name.split(".")
+    for i in range(len(parts), -1, -1):
+        if ".".join(parts[:i]) in keys:
+            return ".".join(parts[:i])
+    raise KeyError(name)
+
+
+def _disk_entries(model: nn.Module, offload_dir, offload_index) -> dict[str, dict]:
+    """Where the weights that wait on disk are: Accelerate's offload index entries by name."""
+    entries = {name: source.entry() for name, source in OFFLOADED.get(model, {}).items()}
+    if offload_index:
+        for name, entry in offload_index.items():
+            entries[name] = _index_entry(name, entry, offload_dir)
+    elif offload_dir is not None and not entries and any(
+            (Path(offload_dir) / f).exists() for f in (OFFLOAD_INDEX, LEGACY_OFFLOAD_INDEX)):
+        entries = read_offload_index(offload_dir)
+    return entries
+
+
+def _index_entry(name: str, entry: Any, offload_dir) -> dict:
+    if isinstance(entry, FileSource):
+        return entry.entry()
+    if isinstance(entry, Mapping) and entry.get("safetensors_file") is not None:
+        return dict(entry)
+    if isinstance(entry, Mapping) and "dtype" in entry and "shape" in entry:
+        if offload_dir is None:
+            raise ConfigError(f"offload_index['{name}'] is a .dat entry of an offload folder: pass offload_dir= (the "
+                              f"folder that holds {name}.dat)", header="cannot dispatch the model")
+        return dict(entry)
+    if isinstance(entry, Mapping) and "file" in entry and "key" in entry:  # torchbay's former index entries
+        return FileSource(entry["file"], entry["key"]).entry()
+    raise ConfigError(f"offload_index['{name}'] is {entry!r}: an entry is {{'safetensors_file', 'weight_name', "
+                      f"'dtype'}} (a tensor of a safetensors file) or {{'dtype', 'shape'}} (a .dat file of "
+                      f"offload_dir), as Accelerate writes them", header="cannot dispatch the model")
+
+
+# --- the user-level entry points ------------------------------------------------------------
+
+
+def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | Path,
+                                 device_map: str | dict[str, Any] | None = None,
+                                 max_memory: dict[int | str, int | str] | None = None,
+                                 no_split_module_classes: list[str] | None = None,
+                                 offload_folder: str | Path | None = None, offload_buffers: bool = False,
+                                 dtype: Any = None, offload_state_dict: bool | None = None,
+                                 skip_keys: str | list[str] | None = None,
+                                 preload_module_classes: list[str] | None = None, force_hooks: bool = False,
+                                 strict: bool = False, full_state_dict: bool = True,
+                                 broadcast_from_rank0: bool = False) -> nn.Module:
+    """Load ``checkpoint`` into ``model`` (built under :func:`init_empty_weights`) and dispatch it.
+
+    ``device_map``: ``"auto"`` / ``"balanced"`` (spread evenly over the accelerators),
+    ``"balanced_low_0"`` (the first accelerator holds as little as possible), ``"sequential"``
+    (fill each device in turn), or an explicit ``{name: device}``; ``None`` loads without
+    dispatching. What fits nowhere goes to disk only when ``offload_folder`` is given (else the
+    error names the module and the shortfall).
+    """
+    if isinstance(device_map, str):
+        if device_map not in DEVICE_MAP_MODES:
+            raise ConfigError(f"device_map={device_map!r} is not a mode: use one of {', '.join(DEVICE_MAP_MODES)} or "
+                              f"a dict {{module name: device}}", header="cannot place the model")
+        if device_map != "sequential":
+            max_memory = get_balanced_memory(model, max_memory, no_split_module_classes, dtype=dtype,
+                                             low_zero=device_map == "balanced_low_0")
+        disk_ok = offload_folder is not None or (max_memory is not None and DISK in max_memory)
+        device_map = infer_auto_device_map(model, max_memory, no_split_module_classes, dtype=dtype,
+                                           offload_buffers=offload_buffers, offload_to_disk=disk_ok)
+    load_checkpoint_in_model(model, checkpoint, device_map=device_map, offload_folder=offload_folder, dtype=dtype,
+                             offload_state_dict=bool(offload_state_dict), offload_buffers=offload_buffers,
+                             strict=strict, full_state_dict=full_state_dict,
+                             broadcast_from_rank0=broadcast_from_rank0)
+    if device_map is None:
+        return model
+    return dispatch_model(model, device_map, offload_dir=offload_folder, offload_buffers=offload_buffers,
+                          skip_keys=skip_keys, preload_module_classes=preload_module_classes, force_hooks=force_hooks)
+
+
+def _default_execution_device(execution_device: Any) -> Any:
+    if execution_device is not None:
+        return execution_device
+    return 0 if accelerator_class() is not None else CPU
+
+
+def cpu_offload(model: nn.Module, execution_device: Any = None, offload_buffers: bool = False,
+                state_dict: dict[str, torch.Tensor] | None = None,
+                preload_module_classes: list[str] | None = None) -> nn.Module:
+    """Keep the weights on the cpu; each module's come to ``execution_device`` (default: the
+    accelerator big-model placement uses, else the cpu) while it runs."""
+    execution_device = _execution_device(execution_device)
+    if state_dict is None:  # parameter objects kept: a tie is still one tensor once the hooks are removed
+        state_dict = {name: tensor.to("cpu") for name, tensor in _persistent_tensors(model)}
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    attach_align_device_hook(model, execution_device=execution_device, offload=True, offload_buffers=offload_buffers,
+                             weights_map=state_dict, preload_module_classes=preload_module_classes)
+    return model
+
+
+def disk_offload(model: nn.Module, offload_dir: str | Path, execution_device: Any = None,
+                 offload_buffers: bool = False, preload_module_classes: list[str] | None = None) -> nn.Module:
+    """Write the weights into ``offload_dir`` (a new safetensors file and ``index.json``) and
+    read each module's while it runs."""
+    execution_device = _execution_device(execution_device)
+    tensors = dict(_persistent_tensors(model))
+    missing = sorted(name for name, t in tensors.items() if t.is_meta)
+    if missing:
+        raise ConfigError(f"{', '.join(missing[:12])} are on the meta device: disk_offload writes the model's own "
+                          f"weights; load them first (or use load_checkpoint_and_dispatch)",
+                          header="cannot offload to disk")
+    first: dict[int, str] = {}  # a tied tensor is written once, under its first name
+    for name, tensor in tensors.items():
+        first.setdefault(id(tensor), name)
+    written = write_offload(Path(offload_dir), {name: tensors[name] for name in first.values()})
+    index = {name: written[first[id(tensor)]].entry() for name, tensor in tensors.items()}
+    save_offload_index(index, offload_dir)
+    loader = OffloadedWeightsLoader(save_folder=offload_dir, index=index)
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    attach_align_device_hook(model, execution_device=execution_device, offload=True, offload_buffers=offload_buffers,
+                             weights_map=loader, preload_module_classes=preload_module_classes)
+    return model
+
+
+def _persistent_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter and persistent buffer under each of its names (parameter objects kept)."""
+    return (list(model.named_parameters(remove_duplicate=False))
+            + [(n, b) for n, b in named_module_tensors(model, recurse=True, remove_non_persistent=True)
+               if n not in dict(model.named_parameters(remove_duplicate=False))])
+
+
+def _execution_device(execution_device: Any) -> torch.device:
+    return torch_device(device_key(_default_execution_device(execution_device)))
+
+
+def cpu_offload_with_hook(model: nn.Module, execution_device: Any = None,
+                          prev_module_hook: UserCpuOffloadHook | None = None) -> tuple[nn.Module, UserCpuOffloadHook]:
+    """Move the whole model to ``execution_device`` when it runs and leave it there until
+    ``hook.offload()``; chained with ``prev_module_hook``, running this model first offloads that one."""
+    hook = CpuOffload(execution_device=_execution_device(execution_device), prev_module_hook=prev_module_hook)
+    add_hook_to_module(model, hook, append=True)
+    return model, UserCpuOffloadHook(model, hook)
+
+
+__all__ = ["UserCpuOffloadHook", "attach_layerwise_casting_hooks", "cpu_offload", "cpu_offload_with_hook",
+           "disk_offload", "dispatch_model", "init_empty_weights", "init_on_device", "load_checkpoint_and_dispatch"]

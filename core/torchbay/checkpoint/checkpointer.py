@@ -1,0 +1,307 @@
+"""Checkpoint io (how tensors reach storage) and ``save_state`` / ``load_state``.
+
+A state directory holds ``torchbay_manifest.json`` (versions, world size, plugins, config,
+and every file with its size and checksum), the weights written by the strategy through
+the selected :class:`CheckpointIO`, optimizer/scheduler/precision state, RNG state per
+rank, data-loader positions, registered objects and plugin extras. How it reaches disk
+(atomic publish, what may be replaced, recovery) is :mod:`torchbay.checkpoint.publish`; how
+files are read without running code is :mod:`torchbay.checkpoint.safe_load`. Every step that can fail
+on one rank is agreed on by all ranks, so a failure anywhere is an error everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from torchbay.axes.strategy import optimizer_owners
+from torchbay.checkpoint import files as ckfiles
+from torchbay.checkpoint import publish as ckdir
+from torchbay.checkpoint.async_save import AsyncSave, Staged, StagingBuffer, completed
+from torchbay.checkpoint.background import BackgroundSaving, StateParts, describe_error
+from torchbay.checkpoint.model_folder import ModelFolder
+from torchbay.checkpoint.publish import AUTOMATIC_NAME, FORMAT_VERSION
+from torchbay.checkpoint.restore import StateRestore
+from torchbay.checkpoint.safe_load import safe_torch_load
+from torchbay.distributed.rng import capture_rng_state
+from torchbay.errors import CheckpointError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchbay.accelerator.accelerator import Accelerator
+
+log = logging.getLogger("torchbay")
+
+
+# --- save / load ---------------------------------------------------------------------------
+
+
+def _torch_save(obj: Any, path: Path) -> str:
+    return ckfiles.torch_save_recorded(obj, path)  # fsync'ed and hashed as it is written
+
+
+def publish_model(state: dict[str, torch.Tensor], final: Path, max_shard_size: str, fields: dict[str, Any],
+                  what: str) -> list[str]:
+    """Write ``state`` into the folder ``final`` as Accelerate's ``save_model`` does (see
+    :mod:`torchbay.checkpoint.model_folder`); the names written."""
+    return ModelFolder(final, what).save(state, max_shard_size, fields)
+
+
+class StateCheckpointer(BackgroundSaving, StateRestore):
+    """``Accelerator.save_state`` / ``load_state``; one per accelerator."""
+
+    def __init__(self, accelerator: Accelerator):
+        self.acc = accelerator
+        self._announced_continuation = False
+        self._pending: AsyncSave | None = None  # the asynchronous save in flight
+        self._stage: StagingBuffer | None = None  # reused by every asynchronous save
+        self._warned_sync: set[str] = set()
+
+    @property
+    def trusted(self) -> bool:
+        return bool(self.acc.config.checkpoint.allow_unsafe_pickle)
+
+    def _load(self, path: Path, what: str) -> Any:
+        return safe_torch_load(path, what, trusted=self.trusted)
+
+    # -- agreement between ranks ---------------------------------------------------------
+    def on_every_rank(self, what: str, fn: Callable[[], Any], cleanup: Callable[[], None] | None = None,
+                      share: bool = False) -> Any:
+        """Run ``fn`` on every rank; if it failed anywhere, raise the same error everywhere.
+
+        Returns this rank's result, or every rank's results when ``share``. ``cleanup`` runs
+        (on every rank) before the error is raised.
+        """
+        error: BaseException | None = None
+        result = None
+        try:
+            result = fn()
+        except Exception as exc:
+            error = exc
+        message = describe_error(error) if error else None
+        gathered = self.acc.strategy.all_gather_object((result if share else None, message))
+        failed = [(rank, message) for rank, (_, message) in enumerate(gathered) if message]
+        if failed:
+            if cleanup is not None:
+                cleanup()
+            if len(gathered) == 1 and isinstance(error, CheckpointError):
+                raise error
+            messages = sorted({m for _, m in failed})
+            where = "" if len(gathered) == 1 else f" on rank {', '.join(str(r) for r, _ in failed)}"
+            raise CheckpointError(f"{what} failed{where}: {' | '.join(messages)}") from error
+        return [r for r, _ in gathered] if share else result
+
+    def _main_only(self, what: str, fn: Callable[[], Any], cleanup: Callable[[], None] | None = None) -> Any:
+        """``fn`` on the main process; its result (or its error) reaches every rank."""
+        results = self.on_every_rank(what, lambda: fn() if self.acc.is_main_process else None, cleanup, share=True)
+        return results[0]
+
+    # -- where -----------------------------------------------------------------------
+    def checkpoints_root(self) -> Path:
+        return Path(self.acc.config.project.project_dir).absolute() / "checkpoints"
+
+    def automatic_dirs(self) -> list[tuple[Path, dict]]:
+        """This project's complete automatic checkpoints with their manifests, oldest first."""
+        root = self.checkpoints_root()
+        found = []
+        for path in root.glob("checkpoint_*"):
+            if not AUTOMATIC_NAME.fullmatch(path.name):
+                continue
+            try:
+                manifest = ckdir.read_manifest(path)
+            except CheckpointError:
+                continue
+            if manifest.get("kind") == "state" and manifest.get("project") == str(root.parent):
+                found.append((path, manifest))
+        return sorted(found, key=lambda pm: (pm[1].get("created", 0), int(pm[0].name.split("_")[1])))
+
+    def _next_automatic(self) -> Path:
+        """checkpoint_<n>: never a number that exists already (a new run continues after the highest)."""
+        root = self.checkpoints_root()
+        taken = [int(m.group(1)) for p in (root.iterdir() if root.is_dir() else ())
+                 if (m := AUTOMATIC_NAME.fullmatch(p.name.split(".")[0]))]
+        if taken and self.acc.save_iteration <= max(taken):
+            if not self._announced_continuation:
+                log.warning("torchbay: %s already holds checkpoints up to checkpoint_%d; this run saves from "
+                            "checkpoint_%d on (existing checkpoints are never overwritten)", root, max(taken),
+                            max(taken) + 1)
+                self._announced_continuation = True
+            self.acc.save_iteration = max(taken) + 1
+        return root / f"checkpoint_{self.acc.save_iteration}"
+
+    def target_for_save(self, output_dir: str | None) -> Path:
+        project = self.acc.config.project
+        if project.automatic_checkpoint_naming:
+            if output_dir is not None:
+                raise CheckpointError("project.automatic_checkpoint_naming is on: call save_state() without a "
+                                      "directory, or turn automatic naming off")
+            return self._next_automatic()
+        if output_dir is None:
+            raise CheckpointError("save_state() needs a directory, or set project.automatic_checkpoint_naming: true")
+        return Path(output_dir).absolute()
+
+    # -- save --------------------------------------------------------------------------
+    def save(self, output_dir: str | None = None, blocking: bool | None = None) -> Path | AsyncSave:
+        """Save the state; with ``blocking=False`` (or ``checkpoint.async_save`` for automatic
+        checkpoints) copy it now and write it in the background (:mod:`torchbay.checkpoint.async_save`).
+
+        A save still in flight is finished first: never two writers, and the staging buffer is free.
+        """
+        acc = self.acc
+        self.finish_pending()
+        if blocking is None:
+            blocking = not (acc.config.checkpoint.async_save and acc.config.project.automatic_checkpoint_naming
+                            and output_dir is None)
+        if not acc.gradient_state.sync_gradients:
+            log.warning("save_state is called inside a gradient accumulation window: the gradients accumulated so "
+                        "far are not saved; save after a step where accelerator.sync_gradients is True")
+        background = not blocking and self._can_save_in_background()
+
+        def open_target() -> Path:
+            final = self.target_for_save(output_dir)
+            ckdir.check_replaceable(final, "save_state")
+            ckdir.recover_interrupted_save(final)
+            ckdir.begin_partial(final)
+            return final
+
+        final = self._main_only("save_state", open_target)
+        partial, _ = ckdir.siblings(final)
+
+        def discard() -> None:
+            if acc.is_main_process:
+                ckdir.discard_partial(partial)
+
+        if background:
+            return self._save_in_background(final, partial, discard)
+
+        def write() -> dict:
+            return self._write_recorded(partial, self._capture(None))
+
+        records_per_rank = self.on_every_rank("save_state", write, cleanup=discard, share=True)
+        self._main_only("save_state", lambda: self._publish(final, partial, records_per_rank, None), cleanup=discard)
+        self._after_publish(final)
+        return final if blocking else completed(final)
+
+    def _write_recorded(self, partial: Path, parts: StateParts) -> dict:
+        return ckfiles.record_files(partial, self._write_parts(partial, parts))
+
+    def _publish(self, final: Path, partial: Path, records_per_rank: list[dict], manifest: dict | None) -> None:
+        """Main process: the manifest (``manifest``: the fields taken at the call), the rename, rotation."""
+        records = {name: rec for recs in records_per_rank for name, rec in recs.items()}
+        manifest = self._manifest("state", records) if manifest is None else {**manifest, "files": records}
+        ckdir.write_manifest(partial, manifest)
+        ckdir.publish(partial, final)
+        self._rotate()
+
+    def _after_publish(self, final: Path) -> None:
+        if self.acc.config.project.automatic_checkpoint_naming and AUTOMATIC_NAME.fullmatch(final.name):
+            self.acc.save_iteration = int(final.name.split("_")[1]) + 1
+
+    def _capture(self, stage: StagingBuffer | None, without_models: bool = False) -> StateParts:
+        """What a checkpoint holds: the live objects (``stage`` is ``None``: written now) or a copy of
+        their state in ``stage`` (written later by the background thread)."""
+        acc = self.acc
+        copy = (lambda obj, _: obj) if stage is None else stage.copy
+        main = acc.is_main_process
+        owners = self._owners()
+        if stage is None:
+            models, optimizers = acc._models, acc._optimizers
+        elif without_models:  # written by the strategy's start_checkpoint
+            models, optimizers = [], []
+        else:
+            writes_models = acc.checkpoint_io.collective or acc.process_index == 0  # as Strategy.save_checkpoint
+            models = [Staged(copy(acc.strategy.model_state_dict(m), f"model_{i}") if writes_models else {})
+                      for i, m in enumerate(acc._models)]
+            optimizers = [Staged(copy(o.state_dict(), f"optimizer_{i}")) if acc.process_index == 0 else o
+                          for i, o in enumerate(acc._optimizers)]
+        extras: dict = {}
+        for extra in acc.pm.hook.torchbay_state_extra(context=acc.context):
+            clash = set(extras) & set(extra or {})
+            if clash:
+                raise CheckpointError(f"two plugins save the same extra state key(s) {sorted(clash)}")
+            extras.update(extra or {})
+        return StateParts(
+            models=models, optimizers=optimizers, owners=owners,
+            rng=copy(capture_rng_state(acc.device_backend), "rng"),
+            rank_precision=copy(acc.precision.rank_state_dict(), "precision_rank"),
+            schedulers=[copy(s.state_dict(), f"scheduler_{i}") for i, s in enumerate(acc._schedulers)] if main else [],
+            custom=[copy(o.state_dict(), f"custom_{i}") for i, o in enumerate(acc._custom_objects)] if main else [],
+            precision=copy(acc.precision.state_dict(), "precision") if main else None,
+            training_state=copy(acc._training_state(), "training_state") if main else None,
+            extras=copy(extras, "extras"),
+            manifest=self._manifest("state", {}) if stage is not None and main else None,
+            started=without_models,
+        )
+
+    def _owners(self) -> list[int | None]:
+        """Which prepared model each prepared optimizer updates (see ``Strategy.save_checkpoint``)."""
+        return optimizer_owners(self.acc._models, self.acc._optimizers)
+
+    def _write_parts(self, directory: Path, parts: StateParts) -> list[str]:
+        acc = self.acc
+        rank = acc.process_index
+        files = [] if parts.started else acc.strategy.save_checkpoint(directory, parts.models, parts.optimizers,
+                                                                      acc.checkpoint_io, owners=parts.owners)
+        files.append(_torch_save(parts.rng, directory / f"rng_state_{rank}.pt"))
+        if parts.rank_precision is not None:
+            files.append(_torch_save(parts.rank_precision, directory / f"precision_rank_{rank}.pt"))
+        if acc.is_main_process:
+            for i, state in enumerate(parts.schedulers):
+                files.append(_torch_save(state, directory / f"scheduler_{i}.pt"))
+            for i, state in enumerate(parts.custom):
+                files.append(_torch_save(state, directory / f"custom_checkpoint_{i}.pt"))
+            files.append(_torch_save(parts.precision, directory / "precision.pt"))
+            files.append(_torch_save(parts.training_state, directory / "training_state.pt"))
+        if parts.extras:
+            files.append(_torch_save(parts.extras, directory / f"plugin_state_{rank}.pt"))
+        return files
+
+    def _manifest(self, kind: str, files: dict[str, dict]) -> dict[str, Any]:
+        acc = self.acc
+        return {
+            "format_version": FORMAT_VERSION,
+            "kind": kind,
+            "created": time.time(),
+            "project": str(self.checkpoints_root().parent),
+            "step": acc.gradient_state.step,
+            "torchbay_version": acc.pm.infos.get("cpu").version if acc.pm.infos.get("cpu") else "?",
+            "torch_version": torch.__version__,
+            "python_version": sys.version.split()[0],
+            "world_size": acc.num_processes,
+            "device": acc.device_backend.name,
+            "strategy": acc.strategy.name,
+            "precision": acc.precision.describe(),
+            "plugins": {n: f"{i.distribution} {i.version}" for n, i in acc.pm.infos.items()
+                        if i.status in ("loaded", "builtin")},
+            "counts": {"models": len(acc._models), "optimizers": len(acc._optimizers),
+                       "schedulers": len(acc._schedulers),
+                       "dataloaders": len(acc._dataloaders), "custom_objects": len(acc._custom_objects)},
+            "config": acc.config.model_dump(mode="json"),
+            "files": files,
+        }
+
+    def _rotate(self) -> None:
+        """Keep the newest ``project.total_limit`` automatic checkpoints of this project."""
+        project = self.acc.config.project
+        if not (project.automatic_checkpoint_naming and project.total_limit):
+            return
+        dirs = self.automatic_dirs()
+        for stale, _ in dirs[:-project.total_limit]:  # ordered by creation time: the newest is always kept
+            try:
+                ckdir.remove_own_checkpoint(stale, f"project.total_limit is {project.total_limit}")
+                log.warning("torchbay: removed the old checkpoint %s (project.total_limit: %d)", stale,
+                            project.total_limit)
+            except (CheckpointError, OSError) as exc:
+                log.warning("torchbay: kept %s: %s", stale, exc)
+
+    # -- save_model ----------------------------------------------------------------------
+    def save_model_files(self, state: dict[str, torch.Tensor], save_directory: str, max_shard_size: str) -> list[str]:
+        """Write full weights as Accelerate's save_model does (main process); no manifest beside them."""
+        fields = {k: v for k, v in self._manifest("model", {}).items() if k not in ("config", "counts", "files")}
+        return self._main_only("save_model", lambda: publish_model(state, Path(save_directory), max_shard_size,
+                                                                    fields, "save_model")) or []
+

@@ -1,0 +1,316 @@
+"""Experiment trackers: Accelerate's ``GeneralTracker`` interface, the built-in JSON Lines tracker,
+choosing trackers by name, and converting logged values.
+
+The core knows only this interface and one dependency-free tracker (``jsonl``). Every other
+tracker (one per tracking library) is a plugin distribution that returns its class from the
+hook ``torchbay_register_trackers``; ``tracking.log_with`` (or ``Accelerator(log_with=...)``)
+selects trackers by name, ``"all"`` selects every installed one. A name nothing registered is
+an error before training starts, naming the distribution to install. See docs/tracking.md.
+
+Hooks only find the classes: every per-run decision (where the logs go, checking the
+tracker's own settings, creating the run, converting values) is a method of the selected
+tracker class or object.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from torchbay.errors import TorchbayError
+from torchbay.plugin.manager import get_plugin_manager
+from torchbay.plugin.published import TRACKER
+from torchbay.plugin.published import install_hint as hint
+from torchbay.plugin.selection import check_selected
+from torchbay.process.state import PartialState
+from torchbay.tracking.values import flatten, hparam_value, is_number, split_scalars, to_python  # noqa: F401 (re-exported)
+
+log = logging.getLogger("torchbay")
+
+#: the name ``log_with`` takes for "every installed tracker"
+ALL = "all"
+#: the built-in tracker's name and the file it writes in its run directory
+JSONL_NAME = "jsonl"
+JSONL_FILE = "metrics.jsonl"
+JSONL_FORMAT = "torchbay-jsonl/1"
+
+
+class TrackerError(TorchbayError, ValueError):
+    """A tracker was asked for something it cannot do (unknown name, bad arguments, wrong order)."""
+
+
+# --- the interface -------------------------------------------------------------------------
+
+
+class GeneralTracker:
+    """Base of every tracker, with Accelerate's names (``accelerate.tracking.GeneralTracker``).
+
+    A subclass sets ``name`` and ``requires_logging_directory`` and overrides what its backend
+    supports: ``start`` (create the run), ``store_init_configuration`` (hyper-parameters),
+    ``log`` (scalars and other values at a step), ``log_images``, ``finish`` (close files) and
+    the ``tracker`` property (the backend's own run object, ``get_tracker(name, unwrap=True)``).
+
+    A registered tracker class is also asked, before training starts and only when selected:
+    ``unavailable_reason()`` (its library cannot be imported), ``check(context)`` (its own
+    settings: the config section named after the tracker) and ``logging_dir_for(base,
+    settings)`` (where it writes; by default ``<base>/<name>``, or the section's ``logging_dir``).
+    On the main process torchbay then builds it with ``create(run_name, logging_dir, settings,
+    init_kwargs)`` and calls ``start()``. An instance passed in ``log_with`` is used as it is.
+
+    Only the main process runs a tracker unless its ``main_process_only`` is ``False``.
+    """
+
+    #: the name ``log_with`` selects it by (a registered class must set it)
+    name: str = ""
+    #: whether ``create`` passes it a logging directory (Accelerate's attribute)
+    requires_logging_directory: bool = False
+    #: run only on the main process (Accelerate's attribute)
+    main_process_only: bool = True
+    #: import name of the tracking library (checked cheaply, never imported); ``None``: none needed
+    library: str | None = None
+
+    def __init__(self, _blank: bool = False):
+        if not _blank and not getattr(self, "name", ""):
+            raise TrackerError(f"{type(self).__name__} must set the class attribute 'name' (the name "
+                               f"get_tracker and the logs use)")
+
+    # -- before the run: class methods of the selected classes -------------------------------
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why this tracker cannot run here (its ``library`` is not importable), or ``None``."""
+        if cls.library and importlib.util.find_spec(cls.library) is None:
+            return f"the {cls.library} package is not installed: pip install {cls.library}"
+        return None
+
+    @classmethod
+    def check(cls, context: Any) -> list[str]:
+        """Problems with this tracker's own settings for the run, each naming the setting and the fix."""
+        return []
+
+    @classmethod
+    def logging_dir_for(cls, base: Path, settings: Any = None) -> Path:
+        """Where this tracker writes: the ``logging_dir`` of its config section when set, else
+        ``<base>/<name>`` (``base`` is ``tracking.logging_dir``, see :func:`logging_base`)."""
+        own = getattr(settings, "logging_dir", None)
+        return Path(own) if own else Path(base) / cls.name
+
+    @classmethod
+    def create(cls, run_name: str, logging_dir: Path, settings: Any, init_kwargs: dict[str, Any]) -> GeneralTracker:
+        """Build the tracker for this run (main process). ``settings`` is the tracker's config
+        section (``None`` without one); ``init_kwargs`` is ``init_trackers(init_kwargs={name: ...})``.
+        The default calls ``cls(run_name, logging_dir, settings=settings, **init_kwargs)``."""
+        return cls(run_name, logging_dir, settings=settings, **init_kwargs)
+
+    # -- the run ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Create the backend's run (called once, on the main process, by ``init_trackers``)."""
+
+    @property
+    def tracker(self) -> Any:
+        """The backend's own run object (``get_tracker(name, unwrap=True)``)."""
+        return None
+
+    @property
+    def location(self) -> str:
+        """Where this tracker's logs are, for the first log line and ``torchbay env``."""
+        return ""
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Record the run's configuration (hyper-parameters); may be nested."""
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Record ``values`` (scalars, strings, nested dicts, tensors) at ``step``."""
+
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        raise TrackerError(f"tracker '{self.name}' cannot log images")
+
+    def finish(self) -> None:
+        """Flush and close (``end_training``)."""
+
+
+def on_main_process(function):
+    """Accelerate's decorator for tracker methods: run on the main process only, unless the
+    tracker's ``main_process_only`` is ``False``."""
+
+    @functools.wraps(function)
+    def execute(self, *args, **kwargs):
+        if getattr(self, "main_process_only", False) and not _is_main_process():
+            return None
+        return function(self, *args, **kwargs)
+
+    return execute
+
+
+def _is_main_process() -> bool:
+    state = PartialState._shared_state
+    if "process_index" in state:
+        return state["process_index"] == 0
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+# --- choosing trackers ---------------------------------------------------------------------
+
+
+def install_hint(name: str, installed=()) -> str:
+    return hint(TRACKER, name, installed)
+
+
+def registered(pm=None) -> dict[str, type[GeneralTracker]]:
+    """Every installed tracker class by name (the built-in ``jsonl`` included)."""
+    if pm is None:
+
+        pm = get_plugin_manager()
+    return pm.registries()["trackers"]
+
+
+def select_trackers(names: Iterable[str], registry: Mapping[str, type[GeneralTracker]], pm=None,
+                    setting: str = "tracking.log_with") -> tuple[list[type[GeneralTracker]], list[str]]:
+    """The classes ``names`` select (``"all"``: every installed one that can run here) and the
+    problems found: a name nothing registered (with the distribution to install), a tracker
+    whose library cannot be imported."""
+    chosen: list[type[GeneralTracker]] = []
+    problems: list[str] = []
+    for name in names:
+        if name == ALL:
+            for cls in registry.values():
+                if cls not in chosen and not _reason(cls):
+                    chosen.append(cls)
+            continue
+        cls = registry.get(name)
+        if cls is None:
+            failed = [f"{i.name} ({i.distribution}: {i.error})" for i in pm.failed_plugins()] if pm else []
+            message = (f"{setting}: tracker '{name}' is not installed (installed: {', '.join(sorted(registry))}); "
+                       f"{install_hint(name, registry)}")
+            problems.append(message + (f"; plugins that failed to load: {'; '.join(failed)}" if failed else ""))
+            continue
+        reason = _reason(cls)
+        if reason:
+            problems.append(f"{setting}: tracker '{name}' cannot run here: {reason}")
+        elif cls not in chosen:
+            chosen.append(cls)
+    return chosen, problems
+
+
+def _reason(cls: type[GeneralTracker]) -> str | None:
+    try:
+        return cls.unavailable_reason()
+    except Exception as exc:
+        return f"its plugin failed to say whether it can run ({type(exc).__name__}: {exc})"
+
+
+def logging_base(config: Any) -> Path:
+    """The directory under which every tracker writes by default: ``tracking.logging_dir``, else
+    ``project.logging_dir``, else ``<project.project_dir>/logs``."""
+    tracking = config.tracking
+    if tracking.logging_dir:
+        return Path(tracking.logging_dir)
+    if config.project.logging_dir:
+        return Path(config.project.logging_dir)
+    return Path(config.project.project_dir) / "logs"
+
+
+def tracking_problems(context: Any) -> list[str]:
+    """The tracking section's problems for this run: names that select nothing, unusable
+    trackers, the selected classes' own ``check``, a logging directory that is a file."""
+    config = context.config
+    registry = registered(context.pm)
+    classes, problems = select_trackers(config.tracking.log_with, registry, context.pm)
+
+    for cls in classes:
+        check_selected(cls, context, problems, context.pm)
+    if classes:
+        base = logging_base(config)
+        for cls in classes:
+            where = cls.logging_dir_for(base, getattr(config, cls.name, None))
+            blocker = next((p for p in [where, *where.parents] if p.exists()), None)
+            if blocker is not None and not blocker.is_dir():
+                problems.append(f"tracker '{cls.name}' would write under {where}, but {blocker} is a file; set "
+                                f"tracking.logging_dir (or {cls.name}.logging_dir) to a directory")
+    return problems
+
+
+def where_logs_go(config: Any, registry: Mapping[str, type[GeneralTracker]]) -> dict[str, str]:
+    """``{tracker name: directory}`` for the trackers ``config`` selects (``torchbay env``)."""
+    classes, _ = select_trackers(config.tracking.log_with, registry)
+    base = logging_base(config)
+    return {cls.name: str(cls.logging_dir_for(base, getattr(config, cls.name, None))) for cls in classes}
+
+
+# --- Accelerate's LoggerType ---------------------------------------------------------------
+
+
+class _LoggerTypeMeta(type):
+    """``LoggerType.MYTRACKER`` is the name ``"mytracker"`` when such a tracker is installed;
+    otherwise an error naming the distribution to install. Iterating gives ``ALL`` and every
+    installed tracker."""
+
+    def __getattr__(cls, attr: str):
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        name = attr.lower()
+        if name == ALL or name in registered():
+            return cls(name)
+        raise TrackerError(f"LoggerType.{attr}: tracker '{name}' is not installed (installed: "
+                           f"{', '.join(sorted(registered()))}); {install_hint(name, registered())}")
+
+    def __iter__(cls):
+        return iter([cls(ALL), *(cls(name) for name in registered())])
+
+    def __call__(cls, value: Any = ALL):
+        return super().__call__(str(getattr(value, "value", value)))
+
+
+class LoggerType(str, metaclass=_LoggerTypeMeta):
+    """Accelerate's ``LoggerType``: ``LoggerType.ALL`` and one member per installed tracker
+    (``LoggerType.JSONL`` for the built-in one). A member is its name."""
+
+    @property
+    def value(self) -> str:
+        return str.__str__(self)
+
+    @property
+    def name(self) -> str:
+        return self.value.upper()
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"<LoggerType.{self.name}: {self.value!r}>"
+
+
+def split_log_with(log_with: Any) -> tuple[list[str] | None, list[GeneralTracker]]:
+    """``Accelerator(log_with=...)`` as (names, or None when not given; tracker instances)."""
+    if log_with is None:
+        return None, []
+    if isinstance(log_with, (str, GeneralTracker)) or not isinstance(log_with, (list, tuple, set)):
+        items = [log_with]
+    else:
+        items = list(log_with)
+    names, instances, bad = [], [], []
+    for item in items:
+        if isinstance(item, GeneralTracker):
+            instances.append(item)
+        elif isinstance(item, str):
+            names += [part.strip() for part in str(getattr(item, "value", item)).split(",") if part.strip()]
+        elif isinstance(getattr(item, "value", None), str):  # another enum of names (Accelerate's LoggerType)
+            names.append(item.value)
+        else:
+            bad.append(repr(item))
+    if bad:
+        raise TrackerError(f"log_with: {', '.join(bad)} is not a tracker name, LoggerType or GeneralTracker "
+                           f"instance (a class? pass an instance: log_with=[MyTracker(...)])")
+    return names, instances
+
+
+def say(message: str) -> None:
+    """Tell the user (logger ``torchbay`` at INFO when it is shown, else one line on stderr)."""
+    if log.isEnabledFor(logging.INFO) and (log.hasHandlers()):
+        log.info("torchbay: %s", message)
+    else:
+        print(f"torchbay: {message}", file=sys.stderr, flush=True)

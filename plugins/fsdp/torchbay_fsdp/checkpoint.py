@@ -1,0 +1,213 @@
+"""The FSDP strategy's checkpoints: the full (unsharded) state dict on rank 0, sharded checkpoints through DCP (also
+asynchronous), and Accelerate's FSDP file functions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from torchbay.errors import CheckpointError
+from torchbay.plugin import optimizer_owners
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchbay.plugin import CheckpointIO
+
+
+INFO_FILE = "fsdp_checkpoint.json"
+
+
+def model_dir(i: int) -> str:
+    return f"fsdp_model_{i}"
+
+
+def optimizer_dir(i: int) -> str:
+    return f"fsdp_optimizer_{i}"
+
+
+class FSDPCheckpoint:
+    """FSDP's state: full state dicts, sharded DCP checkpoints, and Accelerate's FSDP surface
+    (``accelerator.state.fsdp_plugin``, ``save_fsdp_model`` and friends); a mixin of
+    :class:`~torchbay_fsdp.strategy.FSDPStrategy`."""
+
+    # -- state --------------------------------------------------------------------------
+    def model_state_dict(self, model: Any) -> dict[str, torch.Tensor]:
+        """The full state dict on rank 0 (CPU tensors), empty elsewhere; every rank must call it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    # -- Accelerate's FSDP surface (accelerator.state.fsdp_plugin, save_fsdp_model and friends) -------------
+    def accelerate_state_objects(self) -> dict[str, Any]:
+        """``accelerator.state.fsdp_plugin``: the user's ``FullyShardedDataParallelPlugin`` (its unset fields
+        filled from the ``fsdp`` section), or one built from the section."""
+        from torchbay_fsdp.compat import FullyShardedDataParallelPlugin
+
+        if self._accelerate_plugin is None:
+            given = self.context.plugin_objects.get("fsdp_plugin")
+            if isinstance(given, FullyShardedDataParallelPlugin):
+                given.fill_from(self.settings)
+                self._accelerate_plugin = given
+            else:
+                self._accelerate_plugin = FullyShardedDataParallelPlugin.from_settings(self.settings)
+        return {"fsdp_plugin": self._accelerate_plugin}
+
+    def _accelerate_files(self):
+        from torchbay_fsdp.accelerate_files import AccelerateFiles
+
+        return AccelerateFiles(self)
+
+    def save_accelerate_model(self, plugin, model, output_dir, index: int = 0, **kwargs) -> None:
+        """Accelerate's ``save_fsdp_model`` files (FULL_STATE_DICT or SHARDED_STATE_DICT); collective."""
+        self._accelerate_files().save_model(plugin, model, output_dir, index, **kwargs)
+
+    def load_accelerate_model(self, plugin, model, input_dir, index: int = 0, **kwargs) -> Any:
+        """Read Accelerate's ``save_fsdp_model`` files into the sharded model; collective."""
+        return self._accelerate_files().load_model(plugin, model, input_dir, index, **kwargs)
+
+    def save_accelerate_optimizer(self, plugin, optimizer, model, output_dir, index: int = 0, **kwargs) -> None:
+        """Accelerate's ``save_fsdp_optimizer`` files; collective."""
+        self._accelerate_files().save_optimizer(plugin, optimizer, model, output_dir, index, **kwargs)
+
+    def load_accelerate_optimizer(self, plugin, optimizer, model, input_dir, index: int = 0, **kwargs) -> None:
+        """Read Accelerate's ``save_fsdp_optimizer`` files; collective."""
+        self._accelerate_files().load_optimizer(plugin, optimizer, model, input_dir, index, **kwargs)
+
+    @staticmethod
+    def _owner(j: int, models: list, owners: list[int | None] | None, optimizers: list) -> torch.nn.Module:
+        index = (owners or optimizer_owners(models, optimizers))[j]
+        if index is None:
+            raise CheckpointError("an optimizer's parameters do not all belong to one prepared model; fsdp "
+                                  "checkpoints each optimizer with its model: use one optimizer per model")
+        return models[index]
+
+    def save_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO, *,
+                        owners: list[int | None] | None = None) -> list[str]:
+        """Every rank writes its own shards of each model and optimizer (torch.distributed.checkpoint)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        from torchbay.plugin import dcp_files_of_rank
+
+        written: list[str] = []
+        for i, model in enumerate(models):
+            dcp.save(get_model_state_dict(model), checkpoint_id=str(directory / model_dir(i)))
+            written += dcp_files_of_rank(directory, model_dir(i))
+        for j, opt in enumerate(optimizers):
+            raw = getattr(opt, "optimizer", opt)
+            state = get_optimizer_state_dict(self._owner(j, models, owners, optimizers), raw)
+            dcp.save(state, checkpoint_id=str(directory / optimizer_dir(j)))
+            written += dcp_files_of_rank(directory, optimizer_dir(j))
+        return written + self._write_info(directory, models, optimizers)
+
+    def _write_info(self, directory: Path, models: list, optimizers: list) -> list[str]:
+        if self.rank != 0:
+            return []
+        info = {"format": "torch.distributed.checkpoint", "fsdp_version": self.settings.version,
+                "world_size": self.world_size, "mesh": {n: v for n, v in self.sizes.items() if v > 1},
+                "models": [model_dir(i) for i in range(len(models))],
+                "optimizers": [optimizer_dir(j) for j in range(len(optimizers))]}
+        (directory / INFO_FILE).write_text(json.dumps(info, indent=2))
+        return [INFO_FILE]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_checkpoint_groups", None)  # process groups of this process: they do not pickle
+        return state
+
+    def can_start_checkpoint(self) -> bool:
+        return self.settings.version == 2  # save_state(blocking=False): DCP's async_save
+
+    def start_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO, *,
+                         owners: list[int | None] | None = None):
+        """``dcp.async_save`` of each model and optimizer: DCP copies this rank's shards to host memory
+        in the call and writes them in its own thread per save, whose collectives run on a gloo group
+        of that save's own (created once, by every rank, on the main thread), never the training's."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        from torchbay.plugin import dcp_files_of_rank
+
+        groups = self.__dict__.setdefault("_checkpoint_groups", {})
+
+        def group(stem: str):  # one per DCP save: the saves run at once, each in its own thread
+            if stem not in groups:
+                groups[stem] = dist.new_group(backend="gloo")
+            return groups[stem]
+
+        started = []
+        for i, model in enumerate(models):
+            started.append((model_dir(i), dcp.async_save(get_model_state_dict(model), checkpoint_id=str(
+                directory / model_dir(i)), process_group=group(model_dir(i)))))
+        for j, opt in enumerate(optimizers):
+            state = get_optimizer_state_dict(self._owner(j, models, owners, optimizers), getattr(opt, "optimizer", opt))
+            started.append((optimizer_dir(j), dcp.async_save(state, checkpoint_id=str(directory / optimizer_dir(j)),
+                                                             process_group=group(optimizer_dir(j)))))
+
+        def finish() -> list[str]:
+            written: list[str] = []
+            errors = []
+            for stem, future in started:  # every write is waited for, even after one failed
+                try:
+                    future.result()
+                    written += dcp_files_of_rank(directory, stem)
+                except Exception as exc:
+                    errors.append(f"{stem}: {type(exc).__name__}: {exc}")
+            if errors:
+                raise CheckpointError(f"the asynchronous DCP save failed: {'; '.join(errors)}")
+            return written + self._write_info(directory, models, optimizers)
+
+        return finish
+
+    def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO,
+                        read: Any = None, *, owners: list[int | None] | None = None) -> None:
+        """Load sharded state written by any number of processes (DCP reshards on load).
+
+        A checkpoint written by a strategy that saves full weights (single, ddp) loads its
+        model weights too; its optimizer state cannot be mapped onto shards.
+        """
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        from torchbay.plugin import dcp_load
+
+        sharded = [(directory / model_dir(i) / ".metadata").exists() for i in range(len(models))]
+        for i, is_sharded in enumerate(sharded):  # check every part before changing anything
+            if not is_sharded and not io.exists(directory, f"model_{i}"):
+                raise CheckpointError(f"model {i}: neither {model_dir(i)}/ (sharded) nor model_{i} weights are in "
+                                      f"{directory}")
+        for j in range(len(optimizers)):
+            if not (directory / optimizer_dir(j) / ".metadata").exists():
+                hint = (" (the checkpoint was saved by a strategy that does not shard: its optimizer state is keyed "
+                        "by position and cannot be resharded)" if (directory / f"optimizer_{j}.pt").exists() else "")
+                raise CheckpointError(f"optimizer {j}: {optimizer_dir(j)}/ is missing from {directory}{hint}")
+        for i, model in enumerate(models):
+            try:
+                if sharded[i]:
+                    state = dcp_load(get_model_state_dict(model), directory / model_dir(i), trusted=io.trusted)
+                    set_model_state_dict(model, state)
+                else:
+                    full = io.load_state_dict(directory, f"model_{i}", device="cpu") if self.rank == 0 else {}
+                    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True,
+                                                                              broadcast_from_rank0=True))
+            except Exception as exc:
+                raise CheckpointError(f"model {i} in {directory} does not fit the prepared model: "
+                                      f"{type(exc).__name__}: {exc}") from exc
+        for j, opt in enumerate(optimizers):
+            path = directory / optimizer_dir(j)
+            raw = getattr(opt, "optimizer", opt)
+            owner = self._owner(j, models, owners, optimizers)
+            try:
+                state = dcp_load(get_optimizer_state_dict(owner, raw), path, trusted=io.trusted)
+                set_optimizer_state_dict(owner, raw, state)
+            except Exception as exc:
+                raise CheckpointError(f"optimizer {j} could not be restored from {path}: "
+                                      f"{type(exc).__name__}: {exc}") from exc
