@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 PLUGIN_DIRS := $(patsubst %/setup.cfg,%,$(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg))
 NPROC ?= 2
 
-.PHONY: setup demo test compat compat-hf bench clean
+.PHONY: setup demo test compat compat-hf bench release-check clean
 
 $(VENV)/.installed: setup.cfg setup.py core/torchbay_as_accelerate.pth pyproject.toml constraints.txt requirements-dev.txt $(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg)
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q tests plugins
+
+# every distribution's wheel and sdist built, then torchbay torchbay-fsdp torchbay-tensorboard installed from those
+# wheels alone in a fresh venv outside the checkout, pip check, package data, a 2-process FSDP run (issue 29)
+release-check: setup
+	PY=$(abspath $(PY)) NPROC=$(NPROC) bash scripts/check_release.sh
 
 # Accelerate 1.15's own test scripts, imports redirected to torchbay, 1 and 2 processes (docs/accelerate-compat.md)
 compat: setup

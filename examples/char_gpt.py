@@ -187,10 +187,11 @@ def main():
         progress.epochs = epoch + 1
 
     accelerator.save_state(state_dir)
+    # every process generates: a sharded model's (--strategy fsdp) forward gathers its parameters from all of them
+    prompt = torch.tensor([list(b"def ")], device=accelerator.device)
+    torch.manual_seed(0)
+    sample = accelerator.unwrap_model(model).generate(prompt, 160)
     if accelerator.is_main_process:
-        prompt = torch.tensor([list(b"def ")], device=accelerator.device)
-        torch.manual_seed(0)
-        sample = accelerator.unwrap_model(model).generate(prompt, 160)
         print("--- sample ---\n" + bytes(sample[0].tolist()).decode("utf-8", "replace"))
     logger.info(f"state saved to {state_dir}")
     for tracker in accelerator.trackers:
