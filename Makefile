@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 PLUGIN_DIRS := $(patsubst %/setup.cfg,%,$(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg))
 NPROC ?= 2
 
-.PHONY: setup demo test compat compat-hf bench release-check clean
+.PHONY: setup demo test lint compat compat-hf bench release-check clean
 
 $(VENV)/.installed: setup.cfg setup.py core/torchbay_as_accelerate.pth pyproject.toml constraints.txt requirements-dev.txt $(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg)
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ demo: setup
 	$(VENV)/bin/torchbay plot runs/char_gpt --title "char_gpt: 2 processes, 3 epochs, then 1 more after resume"
 	@echo "logs: runs/char_gpt/logs/jsonl/char_gpt/metrics.jsonl (built-in tracker), runs/char_gpt/logs/tensorboard"
 	@echo "      (look: $(VENV)/bin/tensorboard --logdir runs/char_gpt/logs/tensorboard); picture: runs/char_gpt/metrics.png"
+
+# ruff (rules and line length in pyproject.toml) over every Python file of the repository
+lint: setup
+	$(VENV)/bin/ruff check core plugins tests benchmarks examples docs scripts
 
 test: setup
 	$(PY) -m pytest -q tests plugins

@@ -56,6 +56,7 @@ def test_every_plugin_requires_torchbay_with_both_bounds(where, text):
         assert ">=" in ops and "<" in ops, (f"{where}: '{req}' needs both bounds, e.g. '{req.name}>={core.major}."
                                             f"{core.minor},<{core.major + 1}'")
         if req.name == "torchbay":
-            assert req.specifier.contains(str(core)), f"{where}: '{req}' excludes torchbay {core}, the core in this tree"
+            assert req.specifier.contains(str(core)), (
+                f"{where}: '{req}' excludes torchbay {core}, the core in this tree")
             assert not req.specifier.contains(str(next_major), prereleases=True), (
                 f"{where}: '{req}' admits torchbay {next_major}, the next API major")
