@@ -15,7 +15,7 @@ from torchbay import _moved
 
 _moved.install()  # the 0.1 module paths, for one release (torchbay/_moved.py)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _EXPORTS = {
     "torchbay.accelerator.accelerator": ["Accelerator"],

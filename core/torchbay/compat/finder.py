@@ -8,7 +8,7 @@ With the switch on, :class:`AccelerateFinder` sits first on ``sys.meta_path``:
 - ``accelerate.test_utils`` (Accelerate's own test fixtures) is loaded from the installed Accelerate files when
   Accelerate is installed, so its fixtures stay Accelerate's code while everything they import is torchbay's;
 - ``importlib.metadata`` finds a distribution named ``accelerate`` whose version is the Accelerate API level
-  torchbay implements, with torchbay's own version as a local label (``1.15.0+torchbay0.1.0``): libraries that
+  torchbay implements, with torchbay's own version as a local label (``1.15.0+torchbay0.2.0``): libraries that
   check ``accelerate>=X`` see what they get.
 
 A name torchbay does not offer is a missing attribute whose message says why (``hasattr`` is False, and
