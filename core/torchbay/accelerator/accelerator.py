@@ -108,7 +108,6 @@ class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
                     else resolve_config(file=config_file, args=args, pm=self.pm))
         _make_picklable(self.pm, resolved.config)
         self.context = build_context(resolved, self.pm)
-        self.context.accelerator = self
         self.context.kwargs_handlers = self.handlers
         self.context.plugin_objects = plugin_objects(accelerate_args)
         self.config = resolved.config

@@ -106,8 +106,7 @@ class ProcessControl(ProcessQueries):
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: Any):
         """Make the next backward of ``model`` synchronise gradients even inside ``no_sync``."""
-        trigger = getattr(self.strategy, "trigger_sync_in_backward", None)
-        with (trigger(model) if trigger is not None else contextlib.nullcontext()):
+        with self.strategy.trigger_sync_in_backward(model):
             yield
 
     @contextlib.contextmanager
@@ -116,7 +115,7 @@ class ProcessControl(ProcessQueries):
 
         ``even_batches`` overrides that setting of every prepared map-style loader inside the block.
         """
-        join = getattr(self.strategy, "join_context", None)
+        join = self.strategy.join_context if self.strategy.joins_uneven_inputs else None
         if self.num_processes <= 1 or join is None or not all(self.strategy.is_wrapped(j) for j in joinables):
             warnings.warn("join_uneven_inputs is only supported for multi-GPU, multi-CPU (or any multi-device) "
                           "training with the ddp strategy; nothing is joined here", UserWarning, stacklevel=3)

@@ -10,7 +10,6 @@ differently.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 from typing import Any, ClassVar
 
@@ -288,7 +287,3 @@ class DeviceBackend:
             out["name"] = name(self.index)
         return out
 
-
-@contextlib.contextmanager
-def null_context():
-    yield

@@ -311,6 +311,19 @@ class Strategy(Collectives, FullStateCheckpoint):
         """Context in which gradients are accumulated locally, not reduced."""
         return contextlib.nullcontext()
 
+    def trigger_sync_in_backward(self, model: Any):
+        """Context in which the next backward of ``model`` reduces gradients even inside :meth:`no_sync`.
+        The default has nothing to re-arm (its ``no_sync`` defers nothing)."""
+        return contextlib.nullcontext()
+
+    #: whether :meth:`join_context` is offered (``accelerator.join_uneven_inputs``)
+    joins_uneven_inputs: ClassVar[bool] = False
+
+    def join_context(self, models: list) -> Any:
+        """A context in which ranks that ran out of batches shadow the others' collectives (torch's ``Join``);
+        offered when :attr:`joins_uneven_inputs` is True."""
+        raise NotImplementedError(f"strategy '{self.name}' cannot join uneven inputs")
+
     def optimizer_step(self, optimizer: Any, **kwargs) -> Any:
         return self.device_backend.optimizer_step(optimizer, **kwargs)
 

@@ -85,6 +85,8 @@ class DDPStrategy(Strategy):
         finally:
             model.require_backward_grad_sync, model.require_forward_param_sync = old
 
+    joins_uneven_inputs = True
+
     def join_context(self, models):
         """torch's ``Join`` over the wrapped models: ranks out of batches shadow the others' collectives."""
         from torch.distributed.algorithms.join import Join

@@ -125,13 +125,6 @@ def auto_device_map(model) -> dict[str, Any]:
     return {"max_memory": {str(k): v for k, v in budgets.items()}, "device_map": device_map, "placed": placed}
 
 
-def count_module(spec: str) -> dict[str, int]:
-    obj = build_module(spec)
-    params = list(obj.parameters())
-    return {"parameters": sum(p.numel() for p in params),
-            "trainable": sum(p.numel() for p in params if p.requires_grad)}
-
-
 def build_module(spec: str):
     """The module of ``pkg.module:factory`` (called on the meta device)."""
     import torch

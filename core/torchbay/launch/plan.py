@@ -17,7 +17,6 @@ Two modes:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -32,7 +31,6 @@ WORKER = str(Path(__file__).resolve().parent / "worker.py")
 DEFAULT_STATIC_PORT = 29500
 DEFAULT_RDZV_PORT = 29400
 
-_ENV_NAMES = {"num_processes": "TORCHBAY_LAUNCH__NUM_PROCESSES"}
 _FLAGS = {"num_processes": "--num-processes", "nproc_per_node": "--nproc-per-node", "num_machines": "--num-machines",
           "machine_rank": "--machine-rank", "main_process_ip": "--main-process-ip",
           "main_process_port": "--main-process-port", "rdzv_backend": "--rdzv-backend",
@@ -306,7 +304,3 @@ def check_port_free(plan: LaunchPlan) -> None:
                           f"job, or one still shutting down); pick a free port with --main-process-port N (the "
                           f"same on every machine), or on one machine leave it unset and torchrun picks one",
                           header="cannot start the job")
-
-
-def plan_as_json(plan: LaunchPlan) -> str:
-    return json.dumps(dataclasses.asdict(plan), indent=2)

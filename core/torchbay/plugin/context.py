@@ -31,7 +31,6 @@ class RunContext:
     device_backend: DeviceBackend | None = None
     strategy: Strategy | None = None
     precision: Precision | None = None
-    accelerator: Any = None
     #: the user's ``kwargs_handlers`` by class (``AutocastKwargs``, ``GradScalerKwargs``,
     #: ``DistributedDataParallelKwargs``...), for the selected objects that honour them
     kwargs_handlers: dict[type, Any] = field(default_factory=dict)
