@@ -193,7 +193,7 @@ def test_plugin_import_check_catches_a_runtime_imported_at_module_level(tmp_path
 def test_the_pytest_face_skips_fails_and_names_the_check(tmp_path):
     (tmp_path / "test_kit_broken.py").write_text(textwrap.dedent("""
         import pytest
-        from torchbay.testing.conformance import *  # noqa
+        from torchbay.testing.conformance import *  # noqa: F403 (the kit's tests)
         from torchbay.plugin.manager import PluginManager
         from test_conformance import BrokenPlugin
 
@@ -206,7 +206,7 @@ def test_the_pytest_face_skips_fails_and_names_the_check(tmp_path):
             return pm
     """))
     (tmp_path / "test_kit_unavailable.py").write_text(
-        "from torchbay.testing.conformance import *  # noqa\nCONFORMANCE_DEVICE = 'npu'\n")
+        "from torchbay.testing.conformance import *  # noqa: F403\nCONFORMANCE_DEVICE = 'npu'\n")
     tests_dir = str(__import__("pathlib").Path(__file__).parent)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(tmp_path),
                            "-k", "detection or rng_round_trip or seeding"],
