@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from torchbay.cli.main import main
+from torchbay.plugin.api_version import API_VERSION
 from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
 
 HERE = Path(__file__).parent
@@ -79,9 +80,10 @@ def test_plugins_table_and_requirements(capsys):
     code, out, _ = run(capsys, "plugins")
     assert code == 0
     header, *rows = out.splitlines()
-    assert header.split() == ["NAME", "DISTRIBUTION", "VERSION", "STATUS", "HOOKS", "REGISTERS"]
+    assert header.split() == ["NAME", "DISTRIBUTION", "VERSION", "API", "STATUS", "HOOKS", "REGISTERS"]
     cpu = next(r for r in rows if r.startswith("cpu "))
     assert "builtin" in cpu and "register_devices" in cpu and "device:cpu" in cpu
+    assert cpu.split()[3] == ".".join(map(str, API_VERSION))  # the plugin API a built-in speaks: this torchbay's
     assert any(r.startswith("reporting ") and "report_env" in r for r in rows)
     code, out, _ = run(capsys, "plugins", "--requirements")
     assert out.splitlines()[0].startswith("torchbay==")
