@@ -266,7 +266,7 @@ def test_importing_the_plugin_does_not_import_deepspeed(tmp_path):
     code = textwrap.dedent("""
         import sys
         import torchbay_deepspeed, torchbay_deepspeed.plugin
-        from torchbay.config.model import resolve_config
+        from torchbay.config.resolve import resolve_config
         from torchbay.plugin.manager import PluginManager
         from torchbay.plugin.selection import build_context
         pm = PluginManager()
