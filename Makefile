@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 PLUGIN_DIRS := $(patsubst %/setup.cfg,%,$(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg))
 NPROC ?= 2
 
-.PHONY: setup demo test compat compat-hf bench clean
+.PHONY: setup demo test test-slow compat compat-hf bench clean
 
 $(VENV)/.installed: setup.cfg setup.py core/torchbay_as_accelerate.pth pyproject.toml constraints.txt requirements-dev.txt $(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg)
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,14 @@ demo: setup
 	@echo "logs: runs/char_gpt/logs/jsonl/char_gpt/metrics.jsonl (built-in tracker), runs/char_gpt/logs/tensorboard"
 	@echo "      (look: $(VENV)/bin/tensorboard --logdir runs/char_gpt/logs/tensorboard); picture: runs/char_gpt/metrics.png"
 
+# pytest-xdist: TEST_WORKERS processes, each test file on one of them (module fixtures run once); the cases marked
+# slow (the longest multi-process runs) are left to test-slow, which .ci/run runs as well
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q tests plugins
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests plugins
+
+test-slow: setup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m slow tests plugins
 
 # Accelerate 1.15's own test scripts, imports redirected to torchbay, 1 and 2 processes (docs/accelerate-compat.md)
 compat: setup

@@ -109,6 +109,8 @@ def _check_trained_as_one_job(results: list[dict], *, cluster: str):
     assert results[0]["weights"] == results[1]["weights"]
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_srun_runs_the_script_directly(slurm):
     """``srun -n 2 python train.py``: each task is a rank, read from SLURM by the Accelerator."""
     directory, env = slurm
@@ -121,6 +123,8 @@ def test_srun_runs_the_script_directly(slurm):
     assert [r["local_rank"] for r in results] == [0, 1]
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_srun_torchbay_launch_under_salloc(slurm):
     """``salloc -n 2`` then ``srun torchbay launch train.py``: each task becomes its rank in place. The
     job is named ``interactive`` (salloc's name), which torchbay once took for an interactive shell and
@@ -137,6 +141,8 @@ def test_srun_torchbay_launch_under_salloc(slurm):
     assert "2 processes on 1 machine" in proc.stderr and "slurm allocation" in proc.stderr
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_sbatch_one_task_per_process_and_one_launcher_per_machine(slurm, monkeypatch):
     """A batch script (``sbatch -n 2``), as docs/fault-tolerance.md shows it: ``srun python train.py``
     (one task per rank), then ``srun --ntasks-per-node=1 torchbay launch --nproc-per-node 2`` (one
@@ -185,6 +191,8 @@ echo "BATCH DONE $(date +%s.%N)"
     assert "num_processes from --nproc-per-node 2 x --num-machines 1" in output, output
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_a_failing_task_is_named(slurm):
     """Rank 1 raises at step 2; rank 0 learns it inside a collective. The job's output names task 1
     (srun's line and the rank's own traceback), and the job fails."""
