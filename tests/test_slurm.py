@@ -5,7 +5,8 @@ tests/slurm/start_cluster.sh installs the packages when missing (``.ci/run`` doe
 skip, naming what is missing, where the packages cannot be installed or the daemons do not start.
 Each job is a 2-task torchbay job (tests/slurm/train.py: a tiny model, a few DDP steps over gloo):
 rank, world size and the rendezvous address must come from SLURM, and both ranks must end with
-the same weights. The cluster is stopped at the end, and no process of it may be left.
+the same weights. The cluster is stopped at the end, and no process of it may be left. The cluster
+cases are marked slow: ``make test-slow`` runs them, ``make test`` leaves them out.
 """
 
 import json

@@ -12,9 +12,9 @@ from torchbay.plugins import reset_plugin_manager
 @pytest.fixture(autouse=True)
 def clean_torchbay_env(monkeypatch, request):
     """Each test starts with no TORCHBAY_* settings, a fresh plugin manager and no process group, and
-    leaves the environment as it found it: variables the code under test set itself (DeepSpeed's
-    init_distributed exports RANK, WORLD_SIZE, MASTER_PORT...) would make a later test in the same
-    process (the same pytest-xdist worker) see a torchrun job."""
+    leaves the environment as it found it: variables the code under test set itself (a strategy
+    library's own set-up may export RANK, WORLD_SIZE, MASTER_PORT...) would make a later test in the
+    same process (the same pytest-xdist worker) see a torchrun job."""
     import torch.distributed as dist
 
     for name in list(os.environ):
