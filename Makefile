@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 PLUGIN_DIRS := $(patsubst %/setup.cfg,%,$(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg))
 NPROC ?= 2
 
-.PHONY: setup demo test lint compat compat-hf bench release-check clean
+.PHONY: setup demo test test-slow lint compat compat-hf bench release-check clean
 
 $(VENV)/.installed: setup.cfg setup.py core/torchbay_as_accelerate.pth pyproject.toml constraints.txt requirements-dev.txt $(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg)
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +34,14 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check core plugins tests benchmarks examples docs scripts
 
+# pytest-xdist: TEST_WORKERS processes, each test file on one of them (module fixtures run once); the cases marked
+# slow (the longest multi-process runs) are left to test-slow, which .ci/run runs as well
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q tests plugins
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests plugins
+
+test-slow: setup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m slow tests plugins
 
 # every distribution's wheel and sdist built, then torchbay torchbay-fsdp torchbay-tensorboard installed from those
 # wheels alone in a fresh venv outside the checkout, pip check, package data, a 2-process FSDP run (issue 29)

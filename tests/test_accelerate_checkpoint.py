@@ -35,6 +35,19 @@ def _saved(tmp: Path, processes: int) -> tuple[Path, dict]:
     return ckpt, json.loads(result.read_text())
 
 
+@pytest.fixture(scope="module")
+def saved_once(tmp_path_factory) -> tuple[Path, dict]:
+    """One 1-process Accelerate save for the whole module (each run costs an Accelerate start-up)."""
+    return _saved(tmp_path_factory.mktemp("accelerate_save"), 1)
+
+
+def _copy_of(saved: tuple[Path, dict], tmp: Path) -> tuple[Path, dict]:
+    """The shared 1-process save, copied into this test's folder: the test may change its copy."""
+    ckpt, result = saved
+    shutil.copytree(ckpt, tmp / "ckpt")
+    return tmp / "ckpt", result
+
+
 def _resume(tmp: Path, ckpt: Path, processes: int, backend: str = "torchbay"):
     result = tmp / f"{backend}_resume.json"
     args = ["resume", str(ckpt), str(result), "--backend", backend]
@@ -44,8 +57,9 @@ def _resume(tmp: Path, ckpt: Path, processes: int, backend: str = "torchbay"):
 
 
 @pytest.mark.parametrize("processes", [1, 2])
-def test_torchbay_resumes_an_accelerate_checkpoint_with_accelerates_losses(tmp_path, processes):
-    ckpt, saved = _saved(tmp_path, processes)
+def test_torchbay_resumes_an_accelerate_checkpoint_with_accelerates_losses(tmp_path, processes, request):
+    ckpt, saved = _copy_of(request.getfixturevalue("saved_once"), tmp_path) if processes == 1 else \
+        _saved(tmp_path, processes)
     assert sorted(os.listdir(ckpt)) == sorted(["custom_checkpoint_0.pkl", "model.safetensors", "optimizer.bin",
                                                "scheduler.bin", *[f"random_states_{r}.pkl" for r in range(processes)]])
     run, resumed = _resume(tmp_path, ckpt, processes)
@@ -57,8 +71,8 @@ def test_torchbay_resumes_an_accelerate_checkpoint_with_accelerates_losses(tmp_p
         assert theirs["rest"] == resumed["rest"]
 
 
-def test_an_rng_pickle_outside_the_allow_list_is_refused_and_runs_nothing(tmp_path):
-    ckpt, _ = _saved(tmp_path, 1)
+def test_an_rng_pickle_outside_the_allow_list_is_refused_and_runs_nothing(tmp_path, saved_once):
+    ckpt, _ = _copy_of(saved_once, tmp_path)
     marker = tmp_path / "code_ran"
     code = ("import os, torch\n"
             "class Evil:\n"
@@ -71,16 +85,16 @@ def test_an_rng_pickle_outside_the_allow_list_is_refused_and_runs_nothing(tmp_pa
     assert not marker.exists()
 
 
-def test_accelerates_data_loader_files_are_refused_naming_them(tmp_path):
-    ckpt, _ = _saved(tmp_path, 1)
+def test_accelerates_data_loader_files_are_refused_naming_them(tmp_path, saved_once):
+    ckpt, _ = _copy_of(saved_once, tmp_path)
     shutil.copy(ckpt / "scheduler.bin", ckpt / "sampler.bin")
     run, _ = _resume(tmp_path, ckpt, 1)
     assert run.returncode != 0
     assert "sampler.bin holds Accelerate's data-loader state" in run.stderr and "skip_first_batches" in run.stderr
 
 
-def test_missing_files_are_named_before_anything_changes(tmp_path):
-    ckpt, _ = _saved(tmp_path, 1)
+def test_missing_files_are_named_before_anything_changes(tmp_path, saved_once):
+    ckpt, _ = _copy_of(saved_once, tmp_path)
     (ckpt / "optimizer.bin").unlink()
     run, _ = _resume(tmp_path, ckpt, 1)
     assert run.returncode != 0 and "optimizer.bin is missing" in run.stderr

@@ -46,7 +46,7 @@ def refresh_record(ckpt, name):
 
 
 @pytest.mark.parametrize("io", ["safetensors", "dcp"])
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 2, pytest.param(4, marks=pytest.mark.slow)])  # 4 processes on 2 cores
 def test_every_checkpoint_io_saves_and_loads_in_1_2_and_4_processes(tmp_path, script, io, world):
     run, out = worker(script, tmp_path, "roundtrip", world, "--io", io)
     run.check()
@@ -123,6 +123,7 @@ def test_deepspeed_load_refuses_planted_code_in_its_optimizer_states(tmp_path, s
     assert not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.slow
 def test_each_rank_gets_back_its_own_precision_state(tmp_path, script):
     run, out = worker(script, tmp_path, "save", 2, "--rank-precision-state")
     run.check()

@@ -19,7 +19,7 @@ from torchbay.testing.processes import free_port
 HERE = Path(__file__).parent
 SCRIPT = str(HERE / "scripts" / "cli_elastic.py")
 STEPS = "4"
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # two launchers of 2 processes each
 
 
 def _env():

@@ -176,6 +176,7 @@ def test_accelerate_commands_read_an_accelerate_config_file_and_parse_a_launch(t
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_torchbay_launch_as_accelerate_switches_every_worker(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text("import accelerate, os\nprint('PROBE', os.environ['RANK'], repr(accelerate), flush=True)\n")

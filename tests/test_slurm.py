@@ -5,7 +5,8 @@ tests/slurm/start_cluster.sh installs the packages when missing (``.ci/run`` doe
 skip, naming what is missing, where the packages cannot be installed or the daemons do not start.
 Each job is a 2-task torchbay job (tests/slurm/train.py: a tiny model, a few DDP steps over gloo):
 rank, world size and the rendezvous address must come from SLURM, and both ranks must end with
-the same weights. The cluster is stopped at the end, and no process of it may be left.
+the same weights. The cluster is stopped at the end, and no process of it may be left. The cluster
+cases are marked slow: ``make test-slow`` runs them, ``make test`` leaves them out.
 """
 
 import json
@@ -109,6 +110,8 @@ def _check_trained_as_one_job(results: list[dict], *, cluster: str):
     assert results[0]["weights"] == results[1]["weights"]
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_srun_runs_the_script_directly(slurm):
     """``srun -n 2 python train.py``: each task is a rank, read from SLURM by the Accelerator."""
     directory, env = slurm
@@ -121,6 +124,8 @@ def test_srun_runs_the_script_directly(slurm):
     assert [r["local_rank"] for r in results] == [0, 1]
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_srun_torchbay_launch_under_salloc(slurm):
     """``salloc -n 2`` then ``srun torchbay launch train.py``: each task becomes its rank in place. The
     job is named ``interactive`` (salloc's name), which torchbay once took for an interactive shell and
@@ -137,6 +142,8 @@ def test_srun_torchbay_launch_under_salloc(slurm):
     assert "2 processes on 1 machine" in proc.stderr and "slurm allocation" in proc.stderr
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_sbatch_one_task_per_process_and_one_launcher_per_machine(slurm, monkeypatch):
     """A batch script (``sbatch -n 2``), as docs/fault-tolerance.md shows it: ``srun python train.py``
     (one task per rank), then ``srun --ntasks-per-node=1 torchbay launch --nproc-per-node 2`` (one
@@ -185,6 +192,8 @@ echo "BATCH DONE $(date +%s.%N)"
     assert "num_processes from --nproc-per-node 2 x --num-machines 1" in output, output
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_a_failing_task_is_named(slurm):
     """Rank 1 raises at step 2; rank 0 learns it inside a collective. The job's output names task 1
     (srun's line and the rank's own traceback), and the job fails."""

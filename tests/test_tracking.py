@@ -323,6 +323,7 @@ def test_step_numbers_continue_after_load_state(memory_pm, tmp_path):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_two_processes_only_rank_0_writes_and_steps_continue_after_resume(tmp_path):
     args = ["--project-dir", str(tmp_path), "--log-with", "jsonl"]
     run_torchrun(tracking_run.__file__, 2, args, timeout=240).check()

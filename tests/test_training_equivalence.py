@@ -38,7 +38,7 @@ def test_two_process_ddp_matches_one_process(tmp_path, script):
     _assert_weights_close(single["weights"], ddp0["weights"], atol=1e-5)
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: three 2-process launches
 def test_resume_mid_epoch_is_exact(tmp_path, script, world):
     # 40 samples, batch 4 (x world) -> 10 (5) micro-batches per epoch: stop mid-epoch 2
     steps, stop = (16, 12) if world == 1 else (9, 7)
@@ -59,6 +59,7 @@ def test_resume_mid_epoch_is_exact(tmp_path, script, world):
         _assert_weights_close(full["weights"], resumed["weights"], atol=0)
 
 
+@pytest.mark.slow
 def test_a_one_process_checkpoint_loads_into_two_processes(tmp_path, script):
     ckpt = str(tmp_path / "ckpt")
     common = ["--steps", "8", "--batch-size", "4"]

@@ -9,6 +9,15 @@ import pytest
 from torchbay.testing.pytest_fixtures import clean_torchbay_env  # noqa: F401 (autouse)
 
 
+def pytest_collection_modifyitems(items):
+    """A test that uses ``launches`` starts two 2-process runs (about 20-60 s on 2 cores): ``slow``, so that
+    ``make test`` leaves it to ``make test-slow`` (which ``.ci/run`` runs too)."""
+    for item in items:
+        if "launches" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.multiprocess)
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def launches(tmp_path):
     """``launches(log_with, env=None, init_kwargs=None)``: run 3 logged steps in 2 processes, save,
