@@ -162,7 +162,7 @@ SKIPS: dict[tuple[str, str, int | None], str] = {
     ("test_merge_weights", "main()", None):
         "Accelerate fails it on CPU (FSDP1's state_dict_type is left None: KeyError in torch's set_state_dict_type); "
         "it also drives accelerate.commands.merge, Accelerate's CLI, which torchbay replaces with `torchbay "
-        "merge-weights` (tests/test_fsdp.py) and merge_fsdp_weights",
+        "merge-weights` (plugins/fsdp/tests/test_fsdp.py) and merge_fsdp_weights",
     **{(name, "main()", None): "needs transformers and datasets and downloads models or datasets from the Hugging "
                                "Face Hub (no network here); Accelerate runs it on GPUs only"
        for name in ("test_checkpointing", "test_ds_alst_ulysses_sp", "test_ds_multiple_model", "test_peak_memory_usage",

@@ -1,5 +1,5 @@
 """torchbay-fp8's shared pieces, without an engine: which Linears are converted, the
-small-layer rule and the engine-options check (the engines' own tests are in tests/test_fp8.py)."""
+small-layer rule and the engine-options check (the engines' own tests are in plugins/fp8/tests/test_fp8.py)."""
 
 import torch
 from torchbay_fp8 import FP8Config

@@ -1,7 +1,7 @@
 """N-D parallelism (issue 17): ParallelismConfig, the fsdp plugin's named DeviceMesh, HSDP, tensor
 parallel on any module, the data loader's data-parallel split, resharding checkpoints, errors.
 
-Three process launches in all: tests/scripts/parallel_train.py with 4 processes (FSDP 4, HSDP
+Three process launches in all: plugins/fsdp/tests/scripts/parallel_train.py with 4 processes (FSDP 4, HSDP
 2x2, FSDP 2 x TP 2 with the Megatron plan and FSDP 2 x TP 2 with every other style, side by
 side against a single-process reference computed in the worker, and a save_state at 2 x 2), then
 parallel_resume.py with 4 (dp_shard 4) and with 1 process.

@@ -1,7 +1,7 @@
 """torchbay-fsdp: FSDP2 on real 2-process gloo groups (CPU) against DDP, sharded checkpoints
 that reload into 2 and into 1 process, merge-weights, config, CLI flags and validation.
 
-Three process launches in all (tests/scripts/fsdp_train.py once with 2 processes, then
+Three process launches in all (plugins/fsdp/tests/scripts/fsdp_train.py once with 2 processes, then
 fsdp_resume.py with 2 and with 1); the other tests run in this process and start nothing.
 
 Tolerances: FSDP2 and DDP both sum the two ranks' fp32 gradients and divide by 2, so on

@@ -2,7 +2,7 @@
 torchbay-fp8-te and torchbay-fp8-msamp (registration, selection and refusal here; their
 conversion, recipe and state code where the engine and an FP8 GPU exist).
 
-Tolerance of FP8 against bf16 (the small regression of tests/scripts/fp8_train.py, 80
+Tolerance of FP8 against bf16 (the small regression of plugins/fp8/tests/scripts/fp8_train.py, 80
 AdamW steps): both reach a full-data MSE below 5% of the initial one, and FP8's final MSE is
 within 25% (relative) of bf16's. Resume is exact: the losses after ``load_state`` equal the
 uninterrupted run's bit for bit and so do the final weights.
@@ -28,7 +28,7 @@ from torchbay.errors import IncompatibleSetupError
 from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
 from torchbay.testing.processes import run_torchrun
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 EMULATED = {"fp8": {"backend": "torchao", "engine_options": {"emulate": True}}}
 HAS_TE = importlib.util.find_spec("transformer_engine") is not None
 HAS_MSAMP = importlib.util.find_spec("msamp") is not None
@@ -344,7 +344,8 @@ def _check_run(r, strategy):
 
 
 def test_emulated_fp8_training_single_process_converges_like_bf16_and_resumes_exactly(tmp_path):
-    spec = importlib.util.spec_from_file_location("fp8_train", os.path.join(ROOT, "tests/scripts/fp8_train.py"))
+    spec = importlib.util.spec_from_file_location("fp8_train",
+                                                  os.path.join(ROOT, "plugins/fp8/tests/scripts/fp8_train.py"))
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
     worker.main(["--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "run")])
@@ -356,7 +357,7 @@ def two_process_runs(tmp_path_factory):
     """One torchrun launch (2 gloo processes) trains under ddp, then fsdp when installed."""
     tmp = tmp_path_factory.mktemp("fp8_two_process")
     strategies = "ddp,fsdp" if HAS_FSDP else "ddp"
-    run_torchrun(os.path.join(ROOT, "tests/scripts/fp8_train.py"), 2,
+    run_torchrun(os.path.join(ROOT, "plugins/fp8/tests/scripts/fp8_train.py"), 2,
                  ["--strategies", strategies, "--batch-size", "8", "--ckpt", str(tmp / "ckpt"),
                   "--out", str(tmp / "run")],
                  timeout=400).check()

@@ -1,9 +1,9 @@
 """torchbay-deepspeed: real DeepSpeed (its CPU accelerator, gloo) in 2-process groups.
 
-Two 2-process launches and one plain process in all: tests/scripts/deepspeed_train.py (DDP
+Two 2-process launches and one plain process in all: plugins/deepspeed/tests/scripts/deepspeed_train.py (DDP
 against ZeRO-1/2/3 with and without gradient accumulation, ZeRO-2 with optimizer offload, a
 DeepSpeed JSON with "auto" values against the same settings in torchbay's config,
-DeepSpeed's own optimizer and scheduler from JSON); tests/scripts/deepspeed_state.py (ZeRO-3
+DeepSpeed's own optimizer and scheduler from JSON); plugins/deepspeed/tests/scripts/deepspeed_state.py (ZeRO-3
 student/teacher under zero.Init, prepared in separate calls, save_state/load_state resume,
 save_model); the same script in one plain process loading that 2-process checkpoint through
 DeepSpeed's universal checkpoint. The other tests run in this process or a plain subprocess
@@ -493,9 +493,9 @@ def test_accelerate_names_come_from_the_plugin():
 
 @pytest.mark.slow
 def test_deepspeed_plugin_through_the_accelerator_as_transformers_trainer_uses_it(tmp_path):
-    """One process (torchrun), real DeepSpeed: tests/scripts/deepspeed_plugin_compat.py. Run on Accelerate 1.15 with
-    the same script, the losses, learning rates and the filled config are the same (checked by hand, and by
-    tests/compat_hf through transformers' Trainer)."""
+    """One process (torchrun), real DeepSpeed: plugins/deepspeed/tests/scripts/deepspeed_plugin_compat.py. Run on
+    Accelerate 1.15 with the same script, the losses, learning rates and the filled config are the same (checked by
+    hand, and by tests/compat_hf through transformers' Trainer)."""
     run_torchrun(os.path.join(SCRIPTS, "deepspeed_plugin_compat.py"), 1, ["--out", str(tmp_path)],
                  env={"TORCHBAY_AS_ACCELERATE": "1"}, timeout=240).check()
     result = json.loads((tmp_path / "result_plugin.json").read_text())
@@ -523,7 +523,7 @@ def test_state_deepspeed_plugin_of_a_run_configured_in_torchbay(tmp_path):
     """No DeepSpeedPlugin given: accelerator.state.deepspeed_plugin is made from torchbay's config (a JSON file in
     deepspeed.deepspeed_config_file, "auto" values still open); transformers gives it a new config object and fills
     it, and prepare builds the engine from that one
-    (tests/scripts/deepspeed_plugin_compat.py --from-torchbay-config)."""
+    (plugins/deepspeed/tests/scripts/deepspeed_plugin_compat.py --from-torchbay-config)."""
     run_torchrun(os.path.join(SCRIPTS, "deepspeed_plugin_compat.py"), 1,
                  ["--out", str(tmp_path), "--from-torchbay-config"], env={"TORCHBAY_AS_ACCELERATE": "1"},
                  timeout=240).check()

@@ -1,4 +1,4 @@
-"""Worker for tests/test_fp8.py: a small regression trained through the public API, three ways
+"""Worker for plugins/fp8/tests/test_fp8.py: a small regression trained through the public API, three ways
 in one process, for each strategy of ``--strategies`` (comma-separated: ``single``, or
 ``ddp,fsdp`` under torchrun, sharing one process group):
 

@@ -22,7 +22,7 @@ from torchbay import Accelerator, IncompatibleSetupError
 from torchbay.config.resolve import resolve_config
 from torchbay.plugin.manager import PluginManager
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 DEVICES = ("cuda", "xpu", "npu", "mlu", "xla", "mps", "hpu")
 RUNTIMES = ("torch_npu", "torch_mlu", "torch_xla", "habana_frameworks", "intel_extension_for_pytorch")
 #: what each plugin says when it cannot be used on this machine
