@@ -2,7 +2,7 @@
 
 A package at one of Accelerate's module paths (``torchbay.data``, ``torchbay.tracking``...) or a façade
 (``torchbay.state``) lists its public names in ``__all__`` and answers them, and any other public name of its
-implementing module, through :func:`serve_from`; nothing is imported until a name is read, so ``import
+implementing module, through :func:`serve_names`; nothing is imported until a name is read, so ``import
 torchbay.data`` stays as cheap as the package docstring.
 """
 
@@ -10,22 +10,6 @@ from __future__ import annotations
 
 import importlib
 from typing import Callable
-
-
-def serve_from(package: str, module: str, public: list[str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` for ``package``: its names come from ``module`` (a dotted path)."""
-
-    def __getattr__(name: str) -> object:
-        if not name.startswith("_"):
-            implementation = importlib.import_module(module)
-            if hasattr(implementation, name):
-                return getattr(implementation, name)
-        raise AttributeError(f"module {package!r} has no attribute {name!r}")
-
-    def __dir__() -> list[str]:
-        return sorted(set(public))
-
-    return __getattr__, __dir__
 
 
 def serve_names(package: str, sources: dict[str, list[str]], fallback: tuple[str, ...] = ()

@@ -4,7 +4,8 @@
 arguments and members).
 """
 
-from torchbay._lazy import serve_from
+from torchbay._lazy import serve_names
 
 __all__ = ['Accelerator']
-__getattr__, __dir__ = serve_from(__name__, "torchbay.accelerator.accelerator", __all__)
+_IMPLEMENTATION = "torchbay.accelerator.accelerator"
+__getattr__, __dir__ = serve_names(__name__, {_IMPLEMENTATION: __all__}, fallback=(_IMPLEMENTATION,))

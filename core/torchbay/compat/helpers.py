@@ -17,10 +17,8 @@ from typing import Any, Callable
 
 import torch
 
-from torchbay.big_modeling.device_map import convert_file_size_to_int  # noqa: F401 (Accelerate's name)
 from torchbay.data.operations import find_batch_size, recursively_apply
 from torchbay.errors import ConfigError, TorchbayError
-from torchbay.launch.notebook import clear_environment, patch_environment  # noqa: F401 (Accelerate's names)
 from torchbay.process.state import AcceleratorState, PartialState
 
 

@@ -3,8 +3,9 @@ skipping, ``prepare_data_loader``), ``dispatch`` (one process reads, all get a s
 ``operations`` (nested-structure helpers: send_to_device, gather, pad...).
 """
 
-from torchbay._lazy import serve_from
+from torchbay._lazy import serve_names
 
 __all__ = ['prepare_data_loader', 'skip_first_batches', 'PreparedDataLoader', 'DataLoaderShard', 'DataLoaderDispatcher',
            'SkipFirstBatches', 'BatchSamplerShard', 'IterableShard', 'SeedableRandomSampler']
-__getattr__, __dir__ = serve_from(__name__, "torchbay.data.loader", __all__)
+_IMPLEMENTATION = "torchbay.data.loader"
+__getattr__, __dir__ = serve_names(__name__, {_IMPLEMENTATION: __all__}, fallback=(_IMPLEMENTATION,))

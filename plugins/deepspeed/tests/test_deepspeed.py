@@ -151,38 +151,15 @@ def test_mixed_precision_bf16_becomes_deepspeeds_bf16(trained):
     assert run["weights"] and all(isinstance(v, list) for v in run["weights"].values())
 
 
-def _context(tmp_path, config: dict, world_size: int = 2):
-    from torchbay.axes.cluster import ClusterEnvironment
-    from torchbay.config.resolve import resolve_config
-    from torchbay.plugin.manager import PluginManager
-    from torchbay.plugin.selection import build_context
-
-    class Two(ClusterEnvironment):
-        name = "two"
-
-        def world_size(self):
-            return world_size
-
-        def rank(self):
-            return 0
-
-        def local_rank(self):
-            return 0
-
-    pm = PluginManager()
-    resolved = resolve_config(args={"strategy": "deepspeed", "device": "cpu", **config}, pm=pm, environ={})
-    return build_context(resolved, pm, cluster=Two())
-
-
-def test_values_set_in_both_places_are_rejected_with_both_shown(tmp_path):
+def test_values_set_in_both_places_are_rejected_with_both_shown(tmp_path, deepspeed_context):
     from torchbay.errors import IncompatibleSetupError
 
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": 3}, "gradient_accumulation_steps": 4,
                                 "gradient_clipping": 1.0, "bf16": {"enabled": True}}))
     with pytest.raises(IncompatibleSetupError) as info:
-        _context(tmp_path, {"gradient_accumulation_steps": 2, "deepspeed.deepspeed_config_file": str(path),
-                            "deepspeed.zero_stage": 2, "deepspeed.gradient_clipping": 0.5})
+        deepspeed_context({"gradient_accumulation_steps": 2, "deepspeed.deepspeed_config_file": str(path),
+                           "deepspeed.zero_stage": 2, "deepspeed.gradient_clipping": 0.5})
     problems = info.value.problems
     text = "\n".join(problems)
     assert ("'zero_optimization.stage' is 3 in the DeepSpeed JSON" in text
@@ -194,12 +171,12 @@ def test_values_set_in_both_places_are_rejected_with_both_shown(tmp_path):
     assert len([p for p in problems if "DeepSpeed" in p]) == 4  # every conflict at once
 
 
-def test_auto_and_equal_values_are_no_conflict(tmp_path):
+def test_auto_and_equal_values_are_no_conflict(tmp_path, deepspeed_context):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": "auto",
                                 "train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": "auto"}}))
-    context = _context(tmp_path, {"gradient_accumulation_steps": 2, "mixed_precision": "bf16",
-                                  "deepspeed.deepspeed_config_file": str(path), "deepspeed.zero_stage": 2})
+    context = deepspeed_context({"gradient_accumulation_steps": 2, "mixed_precision": "bf16",
+                                 "deepspeed.deepspeed_config_file": str(path), "deepspeed.zero_stage": 2})
     from torchbay_deepspeed.config import base_config
 
     cfg, origins, problems = base_config(context.resolved, 2)
@@ -208,11 +185,11 @@ def test_auto_and_equal_values_are_no_conflict(tmp_path):
     assert "Accelerator(...) arguments" in origins["gradient_accumulation_steps"]
 
 
-def test_unknown_section_key_suggests_the_right_one(tmp_path):
+def test_unknown_section_key_suggests_the_right_one(tmp_path, deepspeed_context):
     from torchbay.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"did you mean 'deepspeed.zero_stage'"):
-        _context(tmp_path, {"deepspeed.zero_stag": 3})
+        deepspeed_context({"deepspeed.zero_stag": 3})
 
 
 def test_fill_auto_uses_hidden_size_batch_and_reports_what_it_cannot_fill():
