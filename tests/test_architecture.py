@@ -17,7 +17,8 @@ BANNED = re.compile(r"torch\.cuda|\b(cuda|xpu|npu|mlu|hpu|xla|mps|musa|deepspeed
 #: non-Python lines of the core that may name a backend: (path, the stripped line) -> why. Only
 #: Accelerate's own user-facing names whose meaning does not depend on which plugins are installed.
 ALLOWED = {
-    ("core/torchbay/resources/accelerate_api.yaml", "DEEPSPEED, FSDP, XLA, MEGATRON_LM, MULTI_HPU, MULTI_NEURON]"):
+    ("core/torchbay/resources/distributed_types.json",
+     '"DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM", "MULTI_HPU", "MULTI_NEURON"]'):
         "members of Accelerate's DistributedType enum, which exist whatever plugins are installed "
         "(scripts compare accelerator.distributed_type with DistributedType.DEEPSPEED)",
 }
@@ -122,6 +123,15 @@ def test_import_torchbay_imports_no_backend_library():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", f"imported at plugin load: {proc.stdout}"
+
+
+def test_a_run_without_config_files_reads_no_yaml():
+    """Start-up (issue 30): PyYAML is imported only to read a YAML file (its import costs ~10 ms)."""
+    code = "import sys, torch; from torchbay import Accelerator; Accelerator(); print('yaml' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHBAY_", "ACCELERATE_"))}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False", "PyYAML was imported by a run with no YAML file"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchbay") is None, reason="torchbay not installed")

@@ -31,6 +31,7 @@ from torchbay.config.model import dotted_to_tree
 from torchbay.config.resolve import config_model, describe_errors
 from torchbay.errors import ConfigError
 from torchbay.plugin.manager import get_plugin_manager
+from torchbay.process.state import distributed_type_names
 
 #: the reason given for an Accelerate value or nested config that no installed plugin maps
 NO_PLUGIN = ("no installed plugin maps it; install the torchbay {kind} for it "
@@ -75,11 +76,6 @@ def mapping_table(pm=None) -> dict[str, Any]:
 
         pm = get_plugin_manager()
     return pm.accelerate_mapping("config_import", core_table())
-
-
-def _accelerate_distributed_types() -> list[str]:
-    return [str(member)
-            for member in read_packaged_yaml("torchbay", "resources/accelerate_api.yaml")["distributed_types"]]
 
 
 @dataclass
@@ -154,7 +150,7 @@ def convert(data: dict[str, Any], pm=None) -> tuple[dict[str, Any], ImportReport
                                    "torchbay picks single or ddp from the process count"))
     else:
         why = table["unsupported_distributed_type"].get(str(dist_type))
-        if why is None and str(dist_type) in _accelerate_distributed_types():  # Accelerate's, for a plugin to map
+        if why is None and str(dist_type) in distributed_type_names():  # Accelerate's, for a plugin to map
             why = NO_PLUGIN.format(kind="device plugin" if str(dist_type).startswith("MULTI_")
                                    else "strategy or device plugin")
         report.not_imported.append(("distributed_type", dist_type, why or f"unknown distributed_type {dist_type!r}"))

@@ -3,6 +3,9 @@
 Every failure is a :class:`~torchbay.errors.ConfigError` that names the file, what is wrong
 (a directory, UTF-16, binary content, a duplicate key, a YAML syntax error with its line)
 and the fix.
+
+PyYAML is imported on the first file read, not with this module: its import compiles a large
+Unicode pattern (about 70 ms), and a run with no config file reads no YAML at all.
 """
 
 from __future__ import annotations
@@ -12,8 +15,6 @@ import importlib.resources
 import os
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from torchbay.errors import ConfigError
 
@@ -45,29 +46,36 @@ def read_text_file(path: str | os.PathLike, what: str = "config file",
                           f"a Latin-1 file); save it as UTF-8 (iconv -f LATIN1 -t UTF-8 {path} > fixed.yaml)") from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+@functools.lru_cache(maxsize=None)
+def _unique_key_loader() -> type:
     """``yaml.SafeLoader`` that refuses a key given twice in one mapping (YAML would keep the last)."""
+    import yaml
 
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, Any] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.get(key)
-            except TypeError:  # an unhashable key: SafeLoader reports it
-                continue
-            if first is not None:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key '{key}' on lines {first.start_mark.line + 1} and "
-                    f"{key_node.start_mark.line + 1}; keep one of them", key_node.start_mark)
-            seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: SafeLoader reports it
+                    continue
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key '{key}' on lines {first.start_mark.line + 1} and "
+                        f"{key_node.start_mark.line + 1}; keep one of them", key_node.start_mark)
+                seen[key] = key_node
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def parse_yaml(text: str, name: str) -> Any:
     """Parse YAML text; errors, duplicate keys included, are one :class:`ConfigError` line."""
+    import yaml
+
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
+        return yaml.load(text, Loader=_unique_key_loader())
     except yaml.constructor.ConstructorError as exc:
         if exc.problem and exc.problem.startswith("duplicate key"):
             raise ConfigError(f"{name}: {exc.problem}") from None
@@ -76,7 +84,7 @@ def parse_yaml(text: str, name: str) -> Any:
         raise ConfigError(f"{name} is not valid YAML: {_one_line(exc)}") from None
 
 
-def _one_line(exc: yaml.YAMLError) -> str:
+def _one_line(exc: Exception) -> str:
     problem = getattr(exc, "problem", None)
     mark = getattr(exc, "problem_mark", None)
     if problem and mark is not None:
@@ -104,5 +112,7 @@ def read_packaged_yaml(package: str, resource: str) -> Any:
     Uses libyaml's safe loader where PyYAML has it (the pure-Python one costs tens of ms of
     every start-up). Callers must not change the returned object: it is shared.
     """
+    import yaml
+
     text = importlib.resources.files(package).joinpath(resource).read_text(encoding="utf-8")
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))

@@ -15,7 +15,6 @@ import json
 import re
 from typing import Any, Literal, Mapping, Optional, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from torchbay.config.files import CONFIG_FILE_ENV
@@ -187,6 +186,8 @@ def env_values(environ: Mapping[str, str]) -> dict[str, Any]:
     for name, raw in environ.items():
         if not name.startswith("TORCHBAY_") or name in CONTROL_ENV:
             continue
+        import yaml  # here: a run without TORCHBAY_ settings imports no YAML (config/files.py says why)
+
         path = name[len("TORCHBAY_"):].lower().split("__")
         try:
             value = yaml.safe_load(raw) if raw != "" else None

@@ -13,6 +13,9 @@ strategy and device (``distributed_type_for``), never from a list of backends in
 from __future__ import annotations
 
 import enum
+import functools
+import importlib.resources
+import json
 import os
 from typing import Any
 
@@ -31,7 +34,14 @@ def accelerate_api_table() -> dict[str, Any]:
     return read_packaged_yaml("torchbay", "resources/accelerate_api.yaml")
 
 
-DistributedType = enum.Enum("DistributedType", [(n, n) for n in accelerate_api_table()["distributed_types"]],
+@functools.lru_cache(maxsize=None)
+def distributed_type_names() -> list[str]:
+    """Accelerate's ``DistributedType`` member names (``resources/distributed_types.json``)."""
+    text = importlib.resources.files("torchbay").joinpath("resources/distributed_types.json").read_text("utf-8")
+    return json.loads(text)["members"]
+
+
+DistributedType = enum.Enum("DistributedType", [(n, n) for n in distributed_type_names()],
                             type=str, module=__name__)
 DistributedType.__doc__ = "Accelerate's kinds of run; ``accelerator.distributed_type`` is one of them."
 DistributedType.__str__ = lambda self: self.value  # type: ignore[method-assign]
