@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import typing
-from typing import Any
+from typing import Any, Mapping
 
 from torchbay.errors import ConfigError
 
@@ -52,6 +52,13 @@ def _kind(annotation: Any) -> str:
     return "value"
 
 
+def _literal_values(annotation: Any) -> set[Any]:
+    """The values a ``Literal[...]`` (or ``Optional[Literal[...]]``) annotation allows; empty for other types."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return set(typing.get_args(annotation))
+    return {value for arg in typing.get_args(annotation) for value in _literal_values(arg)}
+
+
 def flag_name(section: str | None, key: str) -> str:
     if section is None or section in UNPREFIXED or key.startswith(section):
         name = key
@@ -76,32 +83,51 @@ def core_flags() -> list[tuple[str, str, Any, str]]:
     return out
 
 
-def _add_flag(container, flag: str, dotted: str, annotation: Any, help_text: str) -> argparse.Action:
-    """One generated flag for the config key ``dotted`` (bools take an optional value, lists repeat)."""
+def _comma_list(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def _add_flag(container, flag: str, dotted: str, annotation: Any, help_text: str,
+              overrides: Mapping[str, Any] | None = None) -> argparse.Action:
+    """One generated flag for the config key ``dotted`` (bools take an optional value, lists repeat);
+    ``overrides`` are argparse keywords that replace the generated ones (an ``action`` replaces the
+    value handling altogether)."""
     kind = _kind(annotation)
     kwargs: dict[str, Any] = {"dest": dotted, "default": argparse.SUPPRESS,
                               "help": help_text.replace("%", "%%") or None}
     if kind in ("bool", "optional-bool"):
         kwargs.update(nargs="?", const="true", metavar="BOOL")
-    elif kind == "list":
-        kwargs.update(action="append", metavar="VALUE")
+    elif kind == "list":  # --x a,b --x c -> [a, b, c]
+        kwargs.update(action="extend", type=_comma_list, metavar="VALUE")
     else:
         kwargs["metavar"] = dotted.rpartition(".")[2].upper()
+    overrides = dict(overrides or {})
+    if "action" in overrides or "choices" in overrides:
+        for generated in ("nargs", "const", "metavar", "action"):
+            if generated not in overrides:
+                kwargs.pop(generated, None)
+    kwargs.update(overrides)
     action = container.add_argument(flag, **kwargs)
     setattr(action, ANNOTATION_ATTR, annotation)
     return action
 
 
-def add_section_options(container, section: str, model: Any, skip: set[str] | frozenset[str] = frozenset()) -> None:
+def add_section_options(container, section: str, model: Any, skip: set[str] | frozenset[str] = frozenset(),
+                        flags: Mapping[str, tuple[str, Mapping[str, Any]]] | None = None) -> None:
     """Add a ``--<section>-<key>`` flag for every key of a plugin's config section ``model``
     (but those in ``skip``), parsed like the core's own flags (``parser`` or an argument group).
 
-    Called from a plugin's ``torchbay_add_cli_options``; values set this way are validated by
-    the config model and reported with the flag, like every other flag.
+    ``flags`` (``{flag: (key, argparse keywords)}``) instead adds only those keys, under those
+    spellings (e.g. Accelerate's ``--zero-stage``), with the keywords (``type``, ``choices``,
+    ``action``, ``help``...) on top of the generated ones. Called from a plugin's
+    ``torchbay_add_cli_options``; values set this way are validated by the config model and
+    reported with the flag, like every other flag.
     """
-    for key, field in model.model_fields.items():
-        if key not in skip:
-            _add_flag(container, flag_name(section, key), f"{section}.{key}", field.annotation, field.description or "")
+    if flags is None:
+        flags = {flag_name(section, key): (key, {}) for key in model.model_fields if key not in skip}
+    for flag, (key, overrides) in flags.items():
+        field = model.model_fields[key]
+        _add_flag(container, flag, f"{section}.{key}", field.annotation, field.description or "", overrides)
 
 
 def add_config_options(parser: argparse.ArgumentParser, command: str, pm=None,
@@ -149,7 +175,8 @@ def cli_values(args: argparse.Namespace) -> dict[str, Any]:
             continue
         value = getattr(args, dotted)
         kind = _kind(annotations[dotted]) if dotted in annotations else "value"
-        if kind.startswith("optional") and isinstance(value, str) and value.lower() in ("none", "null", ""):
+        if kind.startswith("optional") and isinstance(value, str) and value.lower() in ("none", "null", "") \
+                and value not in _literal_values(annotations.get(dotted)):  # "none" may be a choice of its own
             value = None
         if kind == "list" and isinstance(value, list):
             value = [part for item in value for part in str(item).split(",") if part]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from torchbay.plugin import hookimpl
+from torchbay.plugin import add_section_options, hookimpl
 from torchbay_deepspeed.config import DeepSpeedSection
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
@@ -37,7 +37,7 @@ CLI_OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "--offload-param-nvme-path": ("offload_param_nvme_path", {}),
     "--deepspeed-gradient-clipping": ("gradient_clipping", {"type": float, "help": "max gradient norm"}),
     "--zero3-init": ("zero3_init", {"action": "store_true", "help": "build models under deepspeed.zero.Init"}),
-    "--zero3-save-16bit-model": ("zero3_save_16bit_model", {"type": lambda s: s.lower() in ("1", "true", "yes")}),
+    "--zero3-save-16bit-model": ("zero3_save_16bit_model", {}),
 }
 
 
@@ -46,8 +46,7 @@ def torchbay_add_cli_options(parser: argparse.ArgumentParser, command: str) -> N
     if command not in ("launch", "test"):
         return
     group = parser.add_argument_group("deepspeed (torchbay-deepspeed)")
-    for flag, (key, kwargs) in CLI_OPTIONS.items():
-        group.add_argument(flag, dest=f"deepspeed.{key}", default=argparse.SUPPRESS, **kwargs)
+    add_section_options(group, "deepspeed", DeepSpeedSection, flags=CLI_OPTIONS)
 
 
 

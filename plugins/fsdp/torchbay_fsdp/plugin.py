@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import argparse
 
-from torchbay.plugin import hookimpl
+from torchbay.plugin import add_section_options, hookimpl
 from torchbay_fsdp.config import FSDPConfig, ParallelismSection
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
 TORCHBAY_PLUGIN_API = (1, 0)
 
-#: CLI flag -> (config key, argparse keyword arguments); dest is "fsdp.<key>"
+#: CLI flag -> (config key, argparse keywords on top of the generated ones: add_section_options)
 _FLAGS = {
     "--fsdp-version": ("version", {"type": int, "choices": [1, 2]}),
     "--fsdp-wrap-policy": ("wrap_policy", {"choices": ["transformer", "size", "none"]}),
-    "--fsdp-transformer-layer-cls-to-wrap": ("transformer_layer_cls_to_wrap",
-                                             {"type": lambda v: [c.strip() for c in v.split(",") if c.strip()],
-                                              "metavar": "CLS[,CLS...]"}),
+    "--fsdp-transformer-layer-cls-to-wrap": ("transformer_layer_cls_to_wrap", {"metavar": "CLS[,CLS...]"}),
     "--fsdp-min-num-params": ("min_num_params", {"type": int}),
     "--fsdp-reshard-after-forward": ("reshard_after_forward", {"action": argparse.BooleanOptionalAction}),
     "--fsdp-backward-prefetch": ("backward_prefetch", {"choices": ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]}),
@@ -76,20 +74,13 @@ def torchbay_add_cli_options(parser, command):
         _add_parallel_flags(parser)
     if command not in ("launch", "test"):
         return
-    group = parser.add_argument_group("fsdp (strategy: fsdp)")
-    for flag, (key, kwargs) in _FLAGS.items():
-        description = FSDPConfig.model_fields[key].description or ""
-        group.add_argument(flag, dest=f"fsdp.{key}", default=argparse.SUPPRESS, help=description.replace("%", "%%"),
-                           **kwargs)
+    add_section_options(parser.add_argument_group("fsdp (strategy: fsdp)"), "fsdp", FSDPConfig, flags=_FLAGS)
     _add_parallel_flags(parser)
 
 
 def _add_parallel_flags(parser) -> None:
     group = parser.add_argument_group("N-D parallelism (strategy: fsdp; the parallelism section, docs/parallelism.md)")
-    for flag, (key, kwargs) in _PARALLEL_FLAGS.items():
-        description = ParallelismSection.model_fields[key].description or ""
-        group.add_argument(flag, dest=f"parallelism.{key}", default=argparse.SUPPRESS,
-                           help=description.replace("%", "%%"), **kwargs)
+    add_section_options(group, "parallelism", ParallelismSection, flags=_PARALLEL_FLAGS)
 
 
 @hookimpl
