@@ -36,10 +36,11 @@ def reaches_into_the_accelerator(source: str) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torchbay.accelerator"):
             found.append(f"{node.lineno}: an import from {node.module}")
         elif isinstance(node, ast.Import):
-            found += [f"{node.lineno}: import {a.name}" for a in node.names if a.name.startswith("torchbay.accelerator")]
+            found += [f"{node.lineno}: import {alias.name}" for alias in node.names
+                      if alias.name.startswith("torchbay.accelerator")]
         if isinstance(node, (ast.ImportFrom, ast.Import)):
-            found += [f"{node.lineno}: an import of Accelerator" for a in node.names
-                      if a.name.rpartition(".")[2] == "Accelerator" or a.asname == "Accelerator"]
+            found += [f"{node.lineno}: an import of Accelerator" for alias in node.names
+                      if alias.name.rpartition(".")[2] == "Accelerator" or alias.asname == "Accelerator"]
         if isinstance(node, ast.Attribute) and _private(node.attr):
             owner = node.value
             if (isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self"):
