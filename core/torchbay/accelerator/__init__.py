@@ -1,7 +1,7 @@
 """The user's API: :class:`Accelerator` (Accelerate's ``accelerate.accelerator`` path) and the parts it composes:
 ``prepare`` (what ``prepare`` does per object), ``prepared`` (the optimizer and scheduler wrappers),
-``process`` (collectives and the breakpoint trigger), ``tracking`` (the tracker methods), ``surface`` (Accelerate-only
-arguments and members).
+``process`` (collectives and the breakpoint trigger), ``tracking`` (the tracker methods), ``checkpointed`` (the
+prepared objects and training state given to the checkpointer), ``surface`` (Accelerate-only arguments and members).
 """
 
 from torchbay._lazy import serve_names

@@ -15,14 +15,13 @@ from typing import Any, Iterable
 
 import torch
 
+from torchbay.accelerator.checkpointed import CheckpointedState
 from torchbay.accelerator.prepare import Preparation
-from torchbay.accelerator.prepared import PreparedOptimizer, PreparedScheduler
 from torchbay.accelerator.process import ProcessControl
 from torchbay.accelerator.surface import AccelerateSurface, plugin_objects
 from torchbay.accelerator.surface import translate as translate_accelerate_arguments
 from torchbay.accelerator.tracking import Tracking
 from torchbay.axes.strategy import Strategy
-from torchbay.checkpoint.checkpointer import StateCheckpointer
 from torchbay.config.handlers import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -52,7 +51,7 @@ def _explicit_args(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
+class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, AccelerateSurface):
     """Runs your own training loop on the configured device, strategy and precision.
 
     Arguments left as ``None`` come from the config sources (defaults < YAML file <
@@ -134,13 +133,7 @@ class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
         self.gradient_state._adjust_scheduler = adjust_scheduler
         self._distributed_type = distributed_type_for(self.strategy, self.device_backend)
         self._adopt_state()
-        self.save_iteration = self.config.project.iteration
-        self._models: list[Any] = []
-        self._optimizers: list[PreparedOptimizer] = []
-        self._schedulers: list[PreparedScheduler] = []
-        self._dataloaders: list[PreparedDataLoader] = []
-        self._custom_objects: list[Any] = []
-        self._checkpointer = StateCheckpointer(self)
+        self._setup_checkpointing()  # prepared_objects, training_state and the checkpointer given them
         self._setup_tracking(tracker_instances)
         if self.config.seed is not None:
             set_seed(self.config.seed)
@@ -296,16 +289,6 @@ class Accelerator(Preparation, ProcessControl, Tracking, AccelerateSurface):
         _refuse_unsupported("load_state", load_model_func_kwargs and ", ".join(load_model_func_kwargs),
                             "models are loaded strictly; a checkpoint that does not fit is an error")
         return str(self._checkpointer.load(input_dir))
-
-    def _training_state(self) -> dict[str, Any]:
-        return {"gradient_step": self.gradient_state.step, "save_iteration": self.save_iteration,
-                "dataloaders": [dl.state_dict() for dl in self._dataloaders], **self._tracking_state()}
-
-    def _load_training_state(self, state: dict[str, Any]) -> None:
-        self.gradient_state.step = int(state["gradient_step"])
-        self._load_tracking_state(state)
-        for loader, dl_state in zip(self._dataloaders, state["dataloaders"]):
-            loader.load_state_dict(dl_state)
 
     def skip_first_batches(self, dataloader: PreparedDataLoader, num_batches: int = 0) -> SkipFirstBatches:
         if not isinstance(dataloader, PreparedDataLoader):

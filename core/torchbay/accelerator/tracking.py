@@ -33,8 +33,7 @@ class Tracking:
         self._tracker_instances = list(instances)
         self._trackers: list[GeneralTracker] = []
         self._trackers_state = "new"  # new -> started -> finished
-        #: the step ``log`` uses when it is given none (saved with the training state)
-        self.tracker_step = 0
+        # ``tracker_step`` (the step ``log`` uses when given none) lives in the training state (checkpointed.py)
 
     @staticmethod
     def _log_with_names(log_with: Any) -> tuple[list[str] | None, list[GeneralTracker]]:
@@ -147,12 +146,6 @@ class Tracking:
                 first = first or exc
         if first is not None:
             raise first
-
-    def _tracking_state(self) -> dict[str, Any]:
-        return {"tracker_step": self.tracker_step}
-
-    def _load_tracking_state(self, state: dict[str, Any]) -> None:
-        self.tracker_step = int(state.get("tracker_step", self.tracker_step))
 
 
 def _as_step(step: Any) -> int:

@@ -33,6 +33,7 @@ from torchbay.errors import CheckpointError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.checkpoint.checkpointer import StateCheckpointer
+    from torchbay.checkpoint.inputs import CheckpointServices, PreparedObjects
 
 log = logging.getLogger("torchbay")
 
@@ -63,17 +64,17 @@ def _model_file(directory: Path, i: int) -> Path | None:
     return None
 
 
-def _check(acc: Any, directory: Path) -> dict[str, Any]:
+def _check(run: CheckpointServices, prepared: PreparedObjects, directory: Path) -> dict[str, Any]:
     """Which file holds what; raises for anything missing, extra or that torchbay cannot map."""
     problems = []
-    if type(acc.strategy).load_checkpoint is not Strategy.load_checkpoint:
+    if type(run.strategy).load_checkpoint is not Strategy.load_checkpoint:
         raise CheckpointError(
             f"load_state: {directory} was written by Accelerate's save_state (full weights, optimizer "
-            f"state by parameter position); strategy '{acc.strategy.name}' keeps its own sharded "
+            f"state by parameter position); strategy '{run.strategy.name}' keeps its own sharded "
             f"state: load it with strategy single or ddp and save_state there to get a torchbay "
             f"checkpoint, or load the weights alone with load_checkpoint_in_model")
-    counts = {"models": len(acc._models), "optimizers": len(acc._optimizers), "schedulers": len(acc._schedulers),
-              "registered objects": len(acc._custom_objects)}
+    counts = {"models": len(prepared.models), "optimizers": len(prepared.optimizers),
+              "schedulers": len(prepared.schedulers), "registered objects": len(prepared.custom_objects)}
     plan: dict[str, Any] = {"models": [], "optimizers": [], "schedulers": [], "custom": []}
     for i in range(counts["models"]):
         path = _model_file(directory, i)
@@ -105,7 +106,7 @@ def _check(acc: Any, directory: Path) -> dict[str, Any]:
                             f"out of the folder to resume with each loader at the start of its epoch (as Accelerate "
                             f"does for map-style datasets) and use accelerator.skip_first_batches")
     saved = sorted(int(m.group(1)) for p in directory.iterdir() if (m := RNG_FILE.fullmatch(p.name)))
-    rank = acc.process_index
+    rank = run.process_index
     rng_rank = rank if rank in saved else (rank % len(saved) if saved and rank >= len(saved) else None)
     if rng_rank is None:
         problems.append(f"random_states_{rank}.pkl (the RNG state of rank {rank}) is missing")
@@ -113,7 +114,7 @@ def _check(acc: Any, directory: Path) -> dict[str, Any]:
         log.warning("rank %d: the Accelerate checkpoint was written by %d process(es); this rank resumes with the "
                     "RNG state of rank %d", rank, len(saved), rng_rank)
     plan["rng"] = directory / f"random_states_{rng_rank}.pkl"
-    scaler = getattr(acc.precision, "scaler", None)
+    scaler = getattr(run.precision, "scaler", None)
     plan["scaler"] = directory / "scaler.pt" if (directory / "scaler.pt").is_file() else None
     if scaler is not None and plan["scaler"] is None:
         problems.append("scaler.pt (the fp16 loss scaler) is missing, and this run scales its loss (fp16)")
@@ -137,7 +138,7 @@ def _read_weights(path: Path, trusted: bool) -> dict[str, torch.Tensor]:
     return safe_torch_load(path, f"model weights {path.name}", trusted=trusted)
 
 
-def _read(acc: Any, plan: dict[str, Any], trusted: bool) -> dict[str, Any]:
+def _read(plan: dict[str, Any], trusted: bool, backend: Any) -> dict[str, Any]:
     """Every file this rank needs, read (nothing changed yet)."""
     return {"models": [_read_weights(p, trusted) for p in plan["models"]],
             "optimizers": [safe_torch_load(p, f"optimizer state {p.name}", trusted=trusted)
@@ -147,7 +148,7 @@ def _read(acc: Any, plan: dict[str, Any], trusted: bool) -> dict[str, Any]:
             "custom": [safe_torch_load(p, f"registered object {p.name}", trusted=trusted) for p in plan["custom"]],
             "scaler": safe_torch_load(plan["scaler"], "loss scaler", trusted=trusted) if plan["scaler"] else None,
             "rng": _checked_rng(safe_load_with_numpy(plan["rng"], f"RNG state {plan['rng'].name}", trusted=trusted),
-                                plan["rng"], acc.device_backend)}
+                                plan["rng"], backend)}
 
 
 def _checked_rng(state: Any, path: Path, backend: Any) -> dict[str, Any]:
@@ -203,25 +204,25 @@ def _restore_rng(state: dict[str, Any], backend: Any) -> None:
 
 def load_accelerate_state(checkpointer: StateCheckpointer, directory: Path) -> None:
     """Restore the prepared objects from Accelerate's ``save_state`` folder (every rank calls it)."""
-    acc = checkpointer.acc
+    run, prepared = checkpointer.run, checkpointer.prepared
     trusted = checkpointer.trusted
-    plan = checkpointer.on_every_rank("load_state", lambda: _check(acc, directory))
-    read = checkpointer.on_every_rank("load_state", lambda: _read(acc, plan, trusted))
+    plan = checkpointer.on_every_rank("load_state", lambda: _check(run, prepared, directory))
+    read = checkpointer.on_every_rank("load_state", lambda: _read(plan, trusted, run.device_backend))
 
     def apply() -> None:
-        restore = checkpointer._restore
-        for i, (model, state) in enumerate(zip(acc._models, read["models"])):
-            _load_model(i, acc.strategy.unwrap_model(model), state, plan["models"][i])
-        for i, (opt, state) in enumerate(zip(acc._optimizers, read["optimizers"])):
+        restore = checkpointer.restore_part
+        for i, (model, state) in enumerate(zip(prepared.models, read["models"])):
+            _load_model(i, run.strategy.unwrap_model(model), state, plan["models"][i])
+        for i, (opt, state) in enumerate(zip(prepared.optimizers, read["optimizers"])):
             restore(f"optimizer {i}", opt.load_state_dict, state)
-        for i, (scheduler, state) in enumerate(zip(acc._schedulers, read["schedulers"])):
+        for i, (scheduler, state) in enumerate(zip(prepared.schedulers, read["schedulers"])):
             restore(f"scheduler {i}", scheduler.load_state_dict, state)
-        for i, (obj, state) in enumerate(zip(acc._custom_objects, read["custom"])):
+        for i, (obj, state) in enumerate(zip(prepared.custom_objects, read["custom"])):
             restore(f"registered object {i}", obj.load_state_dict, state)
         if read["scaler"] is not None:
-            restore("loss scaler", acc.precision.load_state_dict, {"scaler": read["scaler"]})
-        _restore_rng(read["rng"], acc.device_backend)
+            restore("loss scaler", run.precision.load_state_dict, {"scaler": read["scaler"]})
+        _restore_rng(read["rng"], run.device_backend)
         if "step" in read["rng"]:
-            acc.gradient_state.step = int(read["rng"]["step"])
+            checkpointer.training.gradient_step = int(read["rng"]["step"])
 
     checkpointer.on_every_rank("load_state", apply)

@@ -141,6 +141,7 @@ class AsyncSave:
         self.publishes_itself = False  # one process: the writer thread publishes too
         self.local_records: dict | None = None  # this rank's files, when the writer succeeded
         self.finish_started: Callable[[], list[str]] | None = None  # a strategy's own writes (start_checkpoint)
+        self.discard_unpublished: Callable[[], None] | None = None  # removes the partial folder (a failed save)
         self.error: BaseException | None = None
 
     # -- the user's API -------------------------------------------------------------------
@@ -187,6 +188,9 @@ class AsyncSave:
         _in_flight.add(self)
         self._thread.start()
 
+    def mark_published(self) -> None:
+        self._published = True
+
     def join(self) -> None:
         if self._thread is not None:
             self._thread.join()
@@ -196,7 +200,7 @@ class AsyncSave:
 def completed(path: Path) -> AsyncSave:
     """A handle for a save that already happened synchronously."""
     handle = AsyncSave(path, None)
-    handle._published = True
+    handle.mark_published()
     handle._written.set()
     return handle
 

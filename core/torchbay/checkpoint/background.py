@@ -9,12 +9,15 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from torchbay.checkpoint import files as ckfiles
 from torchbay.checkpoint import publish as ckdir
 from torchbay.checkpoint.async_save import AsyncSave, StagingBuffer
 from torchbay.errors import CheckpointError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchbay.checkpoint.inputs import CheckpointServices, PreparedObjects
 
 log = logging.getLogger("torchbay")
 
@@ -46,16 +49,19 @@ class BackgroundSaving:
     """The asynchronous half of :class:`~torchbay.checkpoint.checkpointer.StateCheckpointer`: whether a save may run in
     the background, the staging copy, the writer thread, and finishing a save in flight."""
 
+    run: CheckpointServices
+    prepared: PreparedObjects
+
     # -- asynchronous save ------------------------------------------------------------
     def _can_save_in_background(self) -> bool:
-        acc = self.acc
+        run = self.run
         why = None
-        if acc.strategy.can_start_checkpoint():
+        if run.strategy.can_start_checkpoint():
             return True  # the strategy starts its own asynchronous write of models and optimizers
-        if not getattr(acc.strategy, "async_checkpoint", False):
-            why = f"the {acc.strategy.name} strategy writes its checkpoint itself"
-        elif acc.checkpoint_io.collective and acc.num_processes > 1:
-            why = (f"checkpoint.io '{acc.checkpoint_io.name}' writes with collectives, which must not run beside "
+        if not getattr(run.strategy, "async_checkpoint", False):
+            why = f"the {run.strategy.name} strategy writes its checkpoint itself"
+        elif run.checkpoint_io.collective and run.num_processes > 1:
+            why = (f"checkpoint.io '{run.checkpoint_io.name}' writes with collectives, which must not run beside "
                    f"the training loop's")
         if why is not None:
             if why not in self._warned_sync:
@@ -66,29 +72,30 @@ class BackgroundSaving:
 
     def _staging(self) -> StagingBuffer:
         if self._stage is None:
-            self._stage = StagingBuffer(pin_memory=bool(getattr(self.acc.device_backend, "pinned_staging", False)))
+            self._stage = StagingBuffer(pin_memory=bool(getattr(self.run.device_backend, "pinned_staging", False)))
         return self._stage
 
     def _save_in_background(self, final: Path, partial: Path, discard: Callable[[], None]) -> AsyncSave:
-        acc = self.acc
+        run = self.run
         stage = self._staging()
 
         def capture(started: bool) -> StateParts:
             stage.begin()
             parts = self._capture(stage, without_models=started)
-            stage.finish(acc.device_backend.synchronize)
+            stage.finish(run.device_backend.synchronize)
             return parts
 
-        started = acc.strategy.can_start_checkpoint()
+        started = run.strategy.can_start_checkpoint()
         parts = self.on_every_rank("save_state", lambda: capture(started), cleanup=discard)  # the state at the call
         if started:  # models and optimizers: the strategy's own asynchronous write (its own process group)
-            parts.finish_started = self.on_every_rank("save_state", lambda: acc.strategy.start_checkpoint(
-                partial, acc._models, acc._optimizers, acc.checkpoint_io, owners=parts.owners), cleanup=discard)
-        single = acc.num_processes == 1 and not started
+            parts.finish_started = self.on_every_rank("save_state", lambda: run.strategy.start_checkpoint(
+                partial, self.prepared.models, self.prepared.optimizers, run.checkpoint_io, owners=parts.owners),
+                cleanup=discard)
+        single = run.num_processes == 1 and not started
         handle = AsyncSave(final, self._finish_background)
         handle.publishes_itself = single
         handle.finish_started = parts.finish_started
-        handle._discard = discard
+        handle.discard_unpublished = discard
         handle.manifest = parts.manifest
 
         def work() -> None:
@@ -96,7 +103,7 @@ class BackgroundSaving:
                 handle.local_records = self._write_recorded(partial, parts)
                 if single:  # nothing to agree on: the writer publishes (same code as a synchronous save)
                     self._publish(final, partial, [handle.local_records], parts.manifest)
-                    handle._published = True
+                    handle.mark_published()
             except BaseException:
                 if single:
                     with contextlib.suppress(Exception):
@@ -127,11 +134,12 @@ class BackgroundSaving:
                 return {**handle.local_records, **records}
 
             try:
-                records_per_rank = self.on_every_rank("save_state", written, cleanup=handle._discard, share=True)
-                manifest = handle.manifest if self.acc.is_main_process else None
+                records_per_rank = self.on_every_rank("save_state", written, cleanup=handle.discard_unpublished,
+                                                      share=True)
+                manifest = handle.manifest if self.run.is_main_process else None
                 self._main_only("save_state", lambda: self._publish(handle.path, partial, records_per_rank, manifest),
-                                cleanup=handle._discard)
-                handle._published = True
+                                cleanup=handle.discard_unpublished)
+                handle.mark_published()
                 handle.error = None
             except CheckpointError as exc:
                 handle.error = exc

@@ -32,7 +32,7 @@ from torchbay.distributed.rng import capture_rng_state
 from torchbay.errors import CheckpointError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from torchbay.accelerator.accelerator import Accelerator
+    from torchbay.checkpoint.inputs import CheckpointServices, PreparedObjects, TrainingState
 
 log = logging.getLogger("torchbay")
 
@@ -52,10 +52,16 @@ def publish_model(state: dict[str, torch.Tensor], final: Path, max_shard_size: s
 
 
 class StateCheckpointer(BackgroundSaving, StateRestore):
-    """``Accelerator.save_state`` / ``load_state``; one per accelerator."""
+    """``save_state`` / ``load_state`` / ``save_model``'s files; one per run.
 
-    def __init__(self, accelerator: Accelerator):
-        self.acc = accelerator
+    It is given the run's selected objects (``run``), the prepared objects it saves and restores (``prepared``) and
+    the run's counters (``training``), each read when a checkpoint is taken (:mod:`torchbay.checkpoint.inputs`).
+    """
+
+    def __init__(self, run: CheckpointServices, prepared: PreparedObjects, training: TrainingState):
+        self.run = run
+        self.prepared = prepared
+        self.training = training
         self._announced_continuation = False
         self._pending: AsyncSave | None = None  # the asynchronous save in flight
         self._stage: StagingBuffer | None = None  # reused by every asynchronous save
@@ -63,7 +69,7 @@ class StateCheckpointer(BackgroundSaving, StateRestore):
 
     @property
     def trusted(self) -> bool:
-        return bool(self.acc.config.checkpoint.allow_unsafe_pickle)
+        return bool(self.run.config.checkpoint.allow_unsafe_pickle)
 
     def _load(self, path: Path, what: str) -> Any:
         return safe_torch_load(path, what, trusted=self.trusted)
@@ -83,7 +89,7 @@ class StateCheckpointer(BackgroundSaving, StateRestore):
         except Exception as exc:
             error = exc
         message = describe_error(error) if error else None
-        gathered = self.acc.strategy.all_gather_object((result if share else None, message))
+        gathered = self.run.strategy.all_gather_object((result if share else None, message))
         failed = [(rank, message) for rank, (_, message) in enumerate(gathered) if message]
         if failed:
             if cleanup is not None:
@@ -97,12 +103,12 @@ class StateCheckpointer(BackgroundSaving, StateRestore):
 
     def _main_only(self, what: str, fn: Callable[[], Any], cleanup: Callable[[], None] | None = None) -> Any:
         """``fn`` on the main process; its result (or its error) reaches every rank."""
-        results = self.on_every_rank(what, lambda: fn() if self.acc.is_main_process else None, cleanup, share=True)
+        results = self.on_every_rank(what, lambda: fn() if self.run.is_main_process else None, cleanup, share=True)
         return results[0]
 
     # -- where -----------------------------------------------------------------------
     def checkpoints_root(self) -> Path:
-        return Path(self.acc.config.project.project_dir).absolute() / "checkpoints"
+        return Path(self.run.config.project.project_dir).absolute() / "checkpoints"
 
     def automatic_dirs(self) -> list[tuple[Path, dict]]:
         """This project's complete automatic checkpoints with their manifests, oldest first."""
@@ -124,17 +130,17 @@ class StateCheckpointer(BackgroundSaving, StateRestore):
         root = self.checkpoints_root()
         taken = [int(m.group(1)) for p in (root.iterdir() if root.is_dir() else ())
                  if (m := AUTOMATIC_NAME.fullmatch(p.name.split(".")[0]))]
-        if taken and self.acc.save_iteration <= max(taken):
+        if taken and self.training.save_iteration <= max(taken):
             if not self._announced_continuation:
                 log.warning("torchbay: %s already holds checkpoints up to checkpoint_%d; this run saves from "
                             "checkpoint_%d on (existing checkpoints are never overwritten)", root, max(taken),
                             max(taken) + 1)
                 self._announced_continuation = True
-            self.acc.save_iteration = max(taken) + 1
-        return root / f"checkpoint_{self.acc.save_iteration}"
+            self.training.save_iteration = max(taken) + 1
+        return root / f"checkpoint_{self.training.save_iteration}"
 
     def target_for_save(self, output_dir: str | None) -> Path:
-        project = self.acc.config.project
+        project = self.run.config.project
         if project.automatic_checkpoint_naming:
             if output_dir is not None:
                 raise CheckpointError("project.automatic_checkpoint_naming is on: call save_state() without a "
@@ -151,12 +157,12 @@ class StateCheckpointer(BackgroundSaving, StateRestore):
 
         A save still in flight is finished first: never two writers, and the staging buffer is free.
         """
-        acc = self.acc
+        run = self.run
         self.finish_pending()
         if blocking is None:
-            blocking = not (acc.config.checkpoint.async_save and acc.config.project.automatic_checkpoint_naming
+            blocking = not (run.config.checkpoint.async_save and run.config.project.automatic_checkpoint_naming
                             and output_dir is None)
-        if not acc.gradient_state.sync_gradients:
+        if not self.training.syncs_gradients:
             log.warning("save_state is called inside a gradient accumulation window: the gradients accumulated so "
                         "far are not saved; save after a step where accelerator.sync_gradients is True")
         background = not blocking and self._can_save_in_background()
@@ -172,7 +178,7 @@ class StateCheckpointer(BackgroundSaving, StateRestore):
         partial, _ = ckdir.siblings(final)
 
         def discard() -> None:
-            if acc.is_main_process:
+            if run.is_main_process:
                 ckdir.discard_partial(partial)
 
         if background:
@@ -198,40 +204,41 @@ class StateCheckpointer(BackgroundSaving, StateRestore):
         self._rotate()
 
     def _after_publish(self, final: Path) -> None:
-        if self.acc.config.project.automatic_checkpoint_naming and AUTOMATIC_NAME.fullmatch(final.name):
-            self.acc.save_iteration = int(final.name.split("_")[1]) + 1
+        if self.run.config.project.automatic_checkpoint_naming and AUTOMATIC_NAME.fullmatch(final.name):
+            self.training.save_iteration = int(final.name.split("_")[1]) + 1
 
     def _capture(self, stage: StagingBuffer | None, without_models: bool = False) -> StateParts:
         """What a checkpoint holds: the live objects (``stage`` is ``None``: written now) or a copy of
         their state in ``stage`` (written later by the background thread)."""
-        acc = self.acc
+        run, prepared = self.run, self.prepared
         copy = (lambda obj, _: obj) if stage is None else stage.copy
-        main = acc.is_main_process
+        main = run.is_main_process
         owners = self._owners()
         if stage is None:
-            models, optimizers = acc._models, acc._optimizers
+            models, optimizers = prepared.models, prepared.optimizers
         elif without_models:  # written by the strategy's start_checkpoint
             models, optimizers = [], []
         else:
-            writes_models = acc.checkpoint_io.collective or acc.process_index == 0  # as Strategy.save_checkpoint
-            models = [Staged(copy(acc.strategy.model_state_dict(m), f"model_{i}") if writes_models else {})
-                      for i, m in enumerate(acc._models)]
-            optimizers = [Staged(copy(o.state_dict(), f"optimizer_{i}")) if acc.process_index == 0 else o
-                          for i, o in enumerate(acc._optimizers)]
+            writes_models = run.checkpoint_io.collective or run.process_index == 0  # as Strategy.save_checkpoint
+            models = [Staged(copy(run.strategy.model_state_dict(m), f"model_{i}") if writes_models else {})
+                      for i, m in enumerate(prepared.models)]
+            optimizers = [Staged(copy(o.state_dict(), f"optimizer_{i}")) if run.process_index == 0 else o
+                          for i, o in enumerate(prepared.optimizers)]
         extras: dict = {}
-        for extra in acc.pm.hook.torchbay_state_extra(context=acc.context):
+        for extra in run.pm.hook.torchbay_state_extra(context=run.context):
             clash = set(extras) & set(extra or {})
             if clash:
                 raise CheckpointError(f"two plugins save the same extra state key(s) {sorted(clash)}")
             extras.update(extra or {})
         return StateParts(
             models=models, optimizers=optimizers, owners=owners,
-            rng=copy(capture_rng_state(acc.device_backend), "rng"),
-            rank_precision=copy(acc.precision.rank_state_dict(), "precision_rank"),
-            schedulers=[copy(s.state_dict(), f"scheduler_{i}") for i, s in enumerate(acc._schedulers)] if main else [],
-            custom=[copy(o.state_dict(), f"custom_{i}") for i, o in enumerate(acc._custom_objects)] if main else [],
-            precision=copy(acc.precision.state_dict(), "precision") if main else None,
-            training_state=copy(acc._training_state(), "training_state") if main else None,
+            rng=copy(capture_rng_state(run.device_backend), "rng"),
+            rank_precision=copy(run.precision.rank_state_dict(), "precision_rank"),
+            schedulers=[copy(s.state_dict(), f"scheduler_{i}") for i, s in enumerate(prepared.schedulers)]
+            if main else [],
+            custom=[copy(o.state_dict(), f"custom_{i}") for i, o in enumerate(prepared.custom_objects)] if main else [],
+            precision=copy(run.precision.state_dict(), "precision") if main else None,
+            training_state=copy(self.training.state_dict(), "training_state") if main else None,
             extras=copy(extras, "extras"),
             manifest=self._manifest("state", {}) if stage is not None and main else None,
             started=without_models,
@@ -239,17 +246,17 @@ class StateCheckpointer(BackgroundSaving, StateRestore):
 
     def _owners(self) -> list[int | None]:
         """Which prepared model each prepared optimizer updates (see ``Strategy.save_checkpoint``)."""
-        return optimizer_owners(self.acc._models, self.acc._optimizers)
+        return optimizer_owners(self.prepared.models, self.prepared.optimizers)
 
     def _write_parts(self, directory: Path, parts: StateParts) -> list[str]:
-        acc = self.acc
-        rank = acc.process_index
-        files = [] if parts.started else acc.strategy.save_checkpoint(directory, parts.models, parts.optimizers,
-                                                                      acc.checkpoint_io, owners=parts.owners)
+        run = self.run
+        rank = run.process_index
+        files = [] if parts.started else run.strategy.save_checkpoint(directory, parts.models, parts.optimizers,
+                                                                      run.checkpoint_io, owners=parts.owners)
         files.append(_torch_save(parts.rng, directory / f"rng_state_{rank}.pt"))
         if parts.rank_precision is not None:
             files.append(_torch_save(parts.rank_precision, directory / f"precision_rank_{rank}.pt"))
-        if acc.is_main_process:
+        if run.is_main_process:
             for i, state in enumerate(parts.schedulers):
                 files.append(_torch_save(state, directory / f"scheduler_{i}.pt"))
             for i, state in enumerate(parts.custom):
@@ -261,32 +268,30 @@ class StateCheckpointer(BackgroundSaving, StateRestore):
         return files
 
     def _manifest(self, kind: str, files: dict[str, dict]) -> dict[str, Any]:
-        acc = self.acc
+        run = self.run
         return {
             "format_version": FORMAT_VERSION,
             "kind": kind,
             "created": time.time(),
             "project": str(self.checkpoints_root().parent),
-            "step": acc.gradient_state.step,
-            "torchbay_version": acc.pm.infos.get("cpu").version if acc.pm.infos.get("cpu") else "?",
+            "step": self.training.gradient_step,
+            "torchbay_version": run.pm.infos.get("cpu").version if run.pm.infos.get("cpu") else "?",
             "torch_version": torch.__version__,
             "python_version": sys.version.split()[0],
-            "world_size": acc.num_processes,
-            "device": acc.device_backend.name,
-            "strategy": acc.strategy.name,
-            "precision": acc.precision.describe(),
-            "plugins": {n: f"{i.distribution} {i.version}" for n, i in acc.pm.infos.items()
+            "world_size": run.num_processes,
+            "device": run.device_backend.name,
+            "strategy": run.strategy.name,
+            "precision": run.precision.describe(),
+            "plugins": {n: f"{i.distribution} {i.version}" for n, i in run.pm.infos.items()
                         if i.status in ("loaded", "builtin")},
-            "counts": {"models": len(acc._models), "optimizers": len(acc._optimizers),
-                       "schedulers": len(acc._schedulers),
-                       "dataloaders": len(acc._dataloaders), "custom_objects": len(acc._custom_objects)},
-            "config": acc.config.model_dump(mode="json"),
+            "counts": self.prepared.counts(),
+            "config": run.config.model_dump(mode="json"),
             "files": files,
         }
 
     def _rotate(self) -> None:
         """Keep the newest ``project.total_limit`` automatic checkpoints of this project."""
-        project = self.acc.config.project
+        project = self.run.config.project
         if not (project.automatic_checkpoint_naming and project.total_limit):
             return
         dirs = self.automatic_dirs()

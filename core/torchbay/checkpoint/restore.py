@@ -18,18 +18,24 @@ from torchbay.errors import CheckpointError
 log = logging.getLogger("torchbay")
 
 if TYPE_CHECKING:  # pragma: no cover
-    pass
+    from torchbay.checkpoint.inputs import CheckpointServices, PreparedObjects, TrainingState
 
 
 class StateRestore:
     """The load half of :class:`~torchbay.checkpoint.checkpointer.StateCheckpointer`: find, verify, read ahead,
-    restore."""
+    restore.
+
+    Given, as the checkpointer is: the run's selected objects, the prepared objects and the training state."""
+
+    run: CheckpointServices
+    prepared: PreparedObjects
+    training: TrainingState
 
     # -- load --------------------------------------------------------------------------
     def target_for_load(self, input_dir: str | None) -> Path:
         if input_dir is not None:
             return Path(input_dir).absolute()
-        if not self.acc.config.project.automatic_checkpoint_naming:
+        if not self.run.config.project.automatic_checkpoint_naming:
             raise CheckpointError("load_state() needs a directory, or set project.automatic_checkpoint_naming: true")
         dirs = self.automatic_dirs()
         if not dirs:
@@ -37,7 +43,7 @@ class StateRestore:
         return dirs[-1][0]
 
     def load(self, input_dir: str | None = None) -> Path:
-        acc = self.acc
+        run, prepared = self.run, self.prepared
         self.finish_pending()  # a save in flight is published (or has failed) before anything is read
         directory = self._main_only("load_state", lambda: self.target_for_load(input_dir))
 
@@ -46,13 +52,13 @@ class StateRestore:
             return directory
         manifest = self.on_every_rank("load_state", lambda: self._check(directory))
         read = self.on_every_rank("load_state", lambda: self._read_verified(directory, manifest))
-        args = (directory, acc._models, acc._optimizers, acc.checkpoint_io)
+        args = (directory, prepared.models, prepared.optimizers, run.checkpoint_io)
         owners = self._owners()
-        self.on_every_rank("load_state", lambda: acc.strategy.load_checkpoint(*args, owners=owners) if read is None
-                           else acc.strategy.load_checkpoint(*args, read=read, owners=owners))
+        self.on_every_rank("load_state", lambda: run.strategy.load_checkpoint(*args, owners=owners) if read is None
+                           else run.strategy.load_checkpoint(*args, read=read, owners=owners))
         self.on_every_rank("load_state", lambda: self._restore_local(directory, manifest))
-        if acc.config.project.automatic_checkpoint_naming and AUTOMATIC_NAME.fullmatch(directory.name):
-            acc.save_iteration = int(directory.name.split("_")[1]) + 1
+        if run.config.project.automatic_checkpoint_naming and AUTOMATIC_NAME.fullmatch(directory.name):
+            self.training.save_iteration = int(directory.name.split("_")[1]) + 1
         return directory
 
     def _check(self, directory: Path) -> dict:
@@ -75,13 +81,13 @@ class StateRestore:
         """
         from concurrent.futures import ThreadPoolExecutor
 
-        acc = self.acc
+        run, prepared = self.run, self.prepared
         files = manifest["files"]
-        share = sorted(files)[acc.process_index::acc.num_processes] if acc.config.checkpoint.verify else []
+        share = sorted(files)[run.process_index::run.num_processes] if run.config.checkpoint.verify else []
         with ThreadPoolExecutor(max_workers=1) as pool:
             verification = pool.submit(ckfiles.verify_files, directory, files, share)
             try:
-                read = acc.strategy.read_checkpoint(directory, acc._models, acc._optimizers, acc.checkpoint_io,
+                read = run.strategy.read_checkpoint(directory, prepared.models, prepared.optimizers, run.checkpoint_io,
                                                     owners=self._owners())
                 read_error = None
             except Exception as exc:
@@ -95,32 +101,33 @@ class StateRestore:
         return read
 
     def _restore_local(self, directory: Path, manifest: dict) -> None:
-        acc = self.acc
-        for i, scheduler in enumerate(acc._schedulers):
-            self._restore(f"scheduler {i}", scheduler.load_state_dict,
-                          self._load(directory / f"scheduler_{i}.pt", f"scheduler {i}"))
-        for i, obj in enumerate(acc._custom_objects):
-            self._restore(f"registered object {i}", obj.load_state_dict,
-                          self._load(directory / f"custom_checkpoint_{i}.pt", f"registered object {i}"))
-        self._restore("precision", acc.precision.load_state_dict, self._load(directory / "precision.pt", "precision"))
-        acc._load_training_state(self._load(directory / "training_state.pt", "training state"))
-        rank = acc.process_index
+        run, prepared = self.run, self.prepared
+        for i, scheduler in enumerate(prepared.schedulers):
+            self.restore_part(f"scheduler {i}", scheduler.load_state_dict,
+                              self._load(directory / f"scheduler_{i}.pt", f"scheduler {i}"))
+        for i, obj in enumerate(prepared.custom_objects):
+            self.restore_part(f"registered object {i}", obj.load_state_dict,
+                              self._load(directory / f"custom_checkpoint_{i}.pt", f"registered object {i}"))
+        self.restore_part("precision", run.precision.load_state_dict,
+                          self._load(directory / "precision.pt", "precision"))
+        self.training.load_state_dict(self._load(directory / "training_state.pt", "training state"))
+        rank = run.process_index
         saved_world = int(manifest.get("world_size", 1))
         rng_file = self._rank_file(directory, "rng_state_{}.pt", saved_world, "RNG state")
         if not rng_file.exists():
             raise CheckpointError(f"RNG state of rank {rank} is missing from {directory} ({rng_file.name})")
-        restore_rng_state(self._load(rng_file, f"RNG state of rank {rank}"), acc.device_backend)
+        restore_rng_state(self._load(rng_file, f"RNG state of rank {rank}"), run.device_backend)
         precision_file = self._rank_file(directory, "precision_rank_{}.pt", saved_world, "precision state")
-        self._restore("precision (this rank's state)", acc.precision.load_rank_state_dict,
-                      self._load(precision_file, "precision") if precision_file.exists() else None)
+        self.restore_part("precision (this rank's state)", run.precision.load_rank_state_dict,
+                          self._load(precision_file, "precision") if precision_file.exists() else None)
         extra_file = directory / f"plugin_state_{rank}.pt"
-        if acc.pm.hook.torchbay_load_state_extra.get_hookimpls():
+        if run.pm.hook.torchbay_load_state_extra.get_hookimpls():
             extras = self._load(extra_file, "plugin state") if extra_file.exists() else {}
-            acc.pm.hook.torchbay_load_state_extra(context=acc.context, state=extras)
+            run.pm.hook.torchbay_load_state_extra(context=run.context, state=extras)
 
     def _rank_file(self, directory: Path, pattern: str, saved_world: int, what: str) -> Path:
         """This rank's file; with more processes than saved the checkpoint, a saved rank's (with a warning)."""
-        rank = self.acc.process_index
+        rank = self.run.process_index
         path = directory / pattern.format(rank)
         fallback = directory / pattern.format(rank % saved_world)
         if not path.exists() and rank >= saved_world and fallback.exists():
@@ -131,9 +138,7 @@ class StateRestore:
         return path
 
     def _check_counts(self, manifest: dict, directory: Path) -> None:
-        acc = self.acc
-        ours = {"models": len(acc._models), "optimizers": len(acc._optimizers), "schedulers": len(acc._schedulers),
-                "dataloaders": len(acc._dataloaders), "custom_objects": len(acc._custom_objects)}
+        ours = self.prepared.counts()
         theirs = manifest.get("counts") or {}
         wrong = [f"{k}: checkpoint has {theirs.get(k)}, this run prepared {v}" for k, v in ours.items()
                  if theirs.get(k) != v]
@@ -142,7 +147,8 @@ class StateRestore:
                                   f"prepare and register the same objects in the same order as the run that saved it")
 
     @staticmethod
-    def _restore(what: str, load, state) -> None:
+    def restore_part(what: str, load, state) -> None:
+        """``load(state)``; any error but a ``CheckpointError`` becomes one that names ``what``."""
         try:
             load(state)
         except CheckpointError:

@@ -1,0 +1,64 @@
+"""What ``save_state`` saves, as the Accelerator holds it: the prepared objects (``prepared_objects``, a
+:class:`~torchbay.checkpoint.inputs.PreparedObjects`) and the run's counters (``training_state``, a
+:class:`~torchbay.checkpoint.inputs.TrainingState`), built once together with the checkpointer they are given to.
+
+Accelerate's names for them stay: ``_models``, ``_optimizers``, ``_schedulers``, ``_dataloaders`` and
+``_custom_objects`` (read and appended to by code written for Accelerate, transformers' Trainer among it) are the
+very lists of ``prepared_objects``; ``save_iteration`` and ``tracker_step`` read and set ``training_state``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchbay.checkpoint.checkpointer import StateCheckpointer
+from torchbay.checkpoint.inputs import CheckpointServices, PreparedObjects, TrainingState
+
+
+def _prepared_list(kind: str) -> property:
+    """Accelerate's ``_<kind>`` attribute: ``prepared_objects.<kind>``, the same list object."""
+
+    def get(self) -> list[Any]:
+        return getattr(self.prepared_objects, kind)
+
+    def set_(self, value: list[Any]) -> None:  # ``acc._models += [...]`` assigns the list it extended
+        setattr(self.prepared_objects, kind, value)
+
+    return property(get, set_, doc=f"Accelerate's ``_{kind}``: ``prepared_objects.{kind}`` (the same list).")
+
+
+class CheckpointedState:
+    """Mixin of :class:`~torchbay.accelerator.accelerator.Accelerator`: owns the prepared objects and the training
+    state, and gives them (with the run's selected objects, never the Accelerator) to its checkpointer."""
+
+    _models = _prepared_list("models")
+    _optimizers = _prepared_list("optimizers")
+    _schedulers = _prepared_list("schedulers")
+    _dataloaders = _prepared_list("dataloaders")
+    _custom_objects = _prepared_list("custom_objects")
+
+    def _setup_checkpointing(self) -> None:
+        """Once the context, the checkpoint io and the gradient state exist."""
+        self.prepared_objects = PreparedObjects()
+        self.training_state = TrainingState(self.gradient_state, self.prepared_objects,
+                                            save_iteration=self.config.project.iteration)
+        self._checkpointer = StateCheckpointer(CheckpointServices(self.context, self.checkpoint_io),
+                                               self.prepared_objects, self.training_state)
+
+    @property
+    def save_iteration(self) -> int:
+        """The number of the next automatic checkpoint (``checkpoint_<n>``)."""
+        return self.training_state.save_iteration
+
+    @save_iteration.setter
+    def save_iteration(self, value: int) -> None:
+        self.training_state.save_iteration = value
+
+    @property
+    def tracker_step(self) -> int:
+        """The step ``log`` uses when it is given none (saved with the training state)."""
+        return self.training_state.tracker_step
+
+    @tracker_step.setter
+    def tracker_step(self, value: int) -> None:
+        self.training_state.tracker_step = value
