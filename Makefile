@@ -66,7 +66,7 @@ $(HF_VENV)/.installed: setup.cfg setup.py constraints.txt tests/compat_hf/constr
 
 compat-hf: $(HF_VENV)/.installed
 	$(HF_PY) tests/compat_hf/run.py
-	$(HF_PY) -m pytest -q -p no:cacheprovider tests/test_big_model_hf.py
+	$(HF_PY) -m pytest -q -p no:cacheprovider tests/big_modeling/test_big_model_hf.py
 
 bench: setup
 	$(PY) benchmarks/run_all.py

@@ -5,7 +5,7 @@
 
 The name lists come from the installed Accelerate (a dev dependency, ``accelerate==1.15.*``);
 each name's status is what torchbay does when asked for it, so the table cannot drift from the
-code: ``tests/test_accelerate_compat_docs.py`` checks both.
+code: ``tests/compat_api/test_accelerate_compat_docs.py`` checks both.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def library_section() -> list[str]:
         "(only `accelerate.test_utils`, Accelerate's own test helpers, needs it); without the switch nothing changes.",
         "",
         "Every name these libraries import from accelerate (read from their sources, module level and inside",
-        "functions, by tests/compat_hf/scan_accelerate_names.py; tests/test_compat_switch.py imports each):",
+        "functions, by tests/compat_hf/scan_accelerate_names.py; tests/compat_api/test_compat_switch.py imports each):",
         "",
         "| library | names | resolve on torchbay |",
         "|---|---|---|",

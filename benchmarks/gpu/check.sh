@@ -36,5 +36,5 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 step env 30 python3 -m torchbay.cli.main env
 step smoke 190 python3 "$repo/benchmarks/gpu/gpu_smoke.py" --fp8-sizes 2048,4096
 step tests 110 python3 -m pytest -q -p no:cacheprovider -rs -m "not multiprocess" "$repo/plugins/devices/cuda/tests" \
-  "$repo/tests/test_big_model_devices.py" "$repo/plugins/fp8/tests/test_fp8.py" "$repo/tests/test_compile.py"
+  "$repo/tests/big_modeling/test_big_model_devices.py" "$repo/plugins/fp8/tests/test_fp8.py" "$repo/tests/compile/test_compile.py"
 exit $status

@@ -135,7 +135,7 @@ _ONE_PROCESS_ONLY = "main() runs it only in one process: it checks that no_sync 
 _SEVERAL_ONLY = "main() runs it only with several processes; in one, local and global gradients are the same"
 _COMM_HOOK = ("the script's reference model is DistributedDataParallel(device_ids=[rank]), which torch refuses "
               "for a CPU module (Accelerate fails the same way); torchbay's comm hooks are checked in "
-              "tests/test_accelerate_compat.py")
+              "tests/compat_api/test_accelerate_compat.py")
 
 #: (script, case or "main()", processes) -> reason (None for processes: every count). Each one is
 #: something Accelerate 1.15 itself does not pass on a CPU-only machine with the dev dependencies
@@ -143,7 +143,7 @@ _COMM_HOOK = ("the script's reference model is DistributedDataParallel(device_id
 SKIPS: dict[tuple[str, str, int | None], str] = {
     ("test_script", "test_split_between_processes_dataset", None):
         "needs Hugging Face datasets, not a dev dependency (split_between_processes of a datasets.Dataset is "
-        "covered by tests/test_accelerate_compat.py with a stand-in having select())",
+        "covered by tests/compat_api/test_accelerate_compat.py with a stand-in having select())",
     ("test_script", "check_seedable_sampler_in_batch_sampler_shard", 1): "asserts several processes (main() runs it "
                                                                           "only then)",
     ("test_sync", "test_noop_sync", 2): _ONE_PROCESS_ONLY,

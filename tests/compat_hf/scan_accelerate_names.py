@@ -7,7 +7,7 @@ Reads the installed sources with ``ast`` (nothing is imported), so the list is w
 
 ``python tests/compat_hf/scan_accelerate_names.py --resolve`` (with ``TORCHBAY_AS_ACCELERATE=1``) asks for every name
 kept in ``accelerate_names.yaml`` and prints one JSON line, ``{"count": {library: n}, "missing": [...]}``: the check
-that tests/test_compat_switch.py, ``make compat-hf`` and docs/generate_accelerate_compat.py share.
+that tests/compat_api/test_compat_switch.py, ``make compat-hf`` and docs/generate_accelerate_compat.py share.
 """
 
 from __future__ import annotations

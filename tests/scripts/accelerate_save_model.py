@@ -1,4 +1,4 @@
-"""Hugging Face Accelerate's own ``save_model`` on the model of tests/test_save_model_layout.py,
+"""Hugging Face Accelerate's own ``save_model`` on the model of tests/checkpoint/test_save_model_layout.py,
 run in a subprocess (the real library, without torchbay's switch): one call per
 ``FOLDER SHARD_SIZE`` pair of the command line, in order."""
 import sys

@@ -1,4 +1,4 @@
-"""Worker for tests/test_compile.py: a small stack of residual blocks trained through the public
+"""Worker for tests/compile/test_compile.py: a small stack of residual blocks trained through the public
 API with the ``compile`` section off, whole-model and regional, for each strategy of
 ``--strategies`` (``single``, or ``ddp,fsdp`` under torchrun, sharing one process group).
 

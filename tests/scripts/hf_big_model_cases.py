@@ -1,4 +1,4 @@
-"""Big-model cases of transformers, peft and diffusers, run by tests/test_big_model_hf.py.
+"""Big-model cases of transformers, peft and diffusers, run by tests/big_modeling/test_big_model_hf.py.
 
 ``python hf_big_model_cases.py WORKDIR OUT.json`` runs every case on whichever ``accelerate`` this
 process imports (the real one, or torchbay's with ``TORCHBAY_AS_ACCELERATE=1``) and writes one

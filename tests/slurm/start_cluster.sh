@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A one-machine SLURM cluster for tests/test_slurm.py: Debian's slurm-wlm (slurmctld, slurmd) and munge,
+# A one-machine SLURM cluster for tests/launch/test_slurm.py: Debian's slurm-wlm (slurmctld, slurmd) and munge,
 # started directly (no systemd), everything they write under one directory.
 #
 #   bash tests/slurm/start_cluster.sh          install the packages if missing (what .ci/run does before

@@ -1,4 +1,4 @@
-"""A tiny training job for tests/test_slurm.py, run by SLURM (``srun python train.py``, or
+"""A tiny training job for tests/launch/test_slurm.py, run by SLURM (``srun python train.py``, or
 ``torchbay launch train.py`` inside an allocation).
 
 Each rank trains a small model for a few DDP steps (gloo) on batches of its own and writes

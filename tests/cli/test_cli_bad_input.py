@@ -12,8 +12,8 @@ import pytest
 
 from torchbay.cli.main import main
 
-HERE = Path(__file__).parent
-SCRIPT = str(HERE / "scripts" / "cli_ranks.py")
+TESTS = Path(__file__).resolve().parents[1]
+SCRIPT = str(TESTS / "scripts" / "cli_ranks.py")
 LATIN1 = b"seed: 1\nproject:\n  project_dir: caf\xe9\n"
 
 # name: (file content, what the one line must say)
@@ -97,9 +97,9 @@ def test_bad_accelerate_files(capsys, tmp_path, workdir, case):
 
 
 BAD_COMMANDS = {
-    "script is a directory": (["launch", str(HERE / "scripts")], "is a directory, not a Python file"),
-    "config file is a directory": (["launch", "--config-file", str(HERE), SCRIPT], "is a directory, not a file"),
-    "validate a directory": (["config", "validate", str(HERE)], "is a directory, not a file"),
+    "script is a directory": (["launch", str(TESTS / "scripts")], "is a directory, not a Python file"),
+    "config file is a directory": (["launch", "--config-file", str(TESTS), SCRIPT], "is a directory, not a file"),
+    "validate a directory": (["config", "validate", str(TESTS)], "is a directory, not a file"),
     "missing module": (["launch", "-m", "no_such_module_xyz"], "module 'no_such_module_xyz' (given with -m)"),
     "abbreviated flag": (["launch", "--nproc", "2", SCRIPT], "unrecognized option --nproc; did you mean"),
     "factory needs arguments": (["estimate-memory", "torch.nn:Linear"], "needs arguments (in_features, out_features)"),
@@ -118,9 +118,9 @@ BAD_COMMANDS = {
     "unknown command": (["lauch"], "invalid choice: 'lauch'"),
     "output in a missing folder": (["config", "--default", "-o", "/nonexistent/dir/x.yaml"],
                                    "the folder /nonexistent/dir does not exist"),
-    "output is a directory": (["config", "--default", "-o", str(HERE), "--force"], "is a directory; give a file name"),
-    "import output is a directory": (["config", "import-accelerate", str(HERE / "fixtures" / "accelerate" /
-                                                                         "single_cpu.yaml"), "-o", str(HERE)],
+    "output is a directory": (["config", "--default", "-o", str(TESTS), "--force"], "is a directory; give a file name"),
+    "import output is a directory": (["config", "import-accelerate", str(TESTS / "fixtures" / "accelerate" /
+                                                                         "single_cpu.yaml"), "-o", str(TESTS)],
                                      "is a directory; give a file name"),
 }
 
@@ -133,7 +133,7 @@ def test_bad_command_lines(capsys, workdir, case):
 
 
 def test_config_file_from_the_environment_that_is_a_directory(capsys, workdir, monkeypatch):
-    monkeypatch.setenv("TORCHBAY_CONFIG_FILE", str(HERE))
+    monkeypatch.setenv("TORCHBAY_CONFIG_FILE", str(TESTS))
     code, out, err = run(capsys, "config", "show")
     assert_one_line(code, out, err, "is a directory, not a file (set --config-file or TORCHBAY_CONFIG_FILE", "config")
 
@@ -170,8 +170,8 @@ def test_issue_cases_in_a_subprocess(tmp_path, workdir):
         (["launch", "--num-processes", "2", "--main-process-port", str(port), SCRIPT],
          f"main_process_port {port} (from command line --main-process-port) is already in use on this machine"),
         (["estimate-memory", "torch.nn:Linear"], "needs arguments (in_features, out_features)"),
-        (["launch", str(HERE / "scripts")], "is a directory, not a Python file"),
-        (["launch", "--config-file", str(HERE), SCRIPT], "is a directory, not a file"),
+        (["launch", str(TESTS / "scripts")], "is a directory, not a Python file"),
+        (["launch", "--config-file", str(TESTS), SCRIPT], "is a directory, not a file"),
     ]
     try:
         for argv, expected in cases:

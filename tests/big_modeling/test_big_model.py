@@ -1,7 +1,7 @@
 """Big-model inference (docs/big-model-inference.md): empty init, device maps, loading, offload.
 
 CPU only and small models: each test runs in well under a second. The accelerator paths
-are in tests/test_big_model_devices.py.
+are in tests/big_modeling/test_big_model_devices.py.
 """
 
 import json

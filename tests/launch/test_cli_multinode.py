@@ -16,8 +16,8 @@ import torch
 
 from torchbay.testing.processes import free_port
 
-HERE = Path(__file__).parent
-SCRIPT = str(HERE / "scripts" / "cli_elastic.py")
+TESTS = Path(__file__).resolve().parents[1]
+SCRIPT = str(TESTS / "scripts" / "cli_elastic.py")
 STEPS = "4"
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # two launchers of 2 processes each
 
@@ -33,7 +33,7 @@ def _env():
 
 def start(*args):
     return subprocess.Popen([sys.executable, "-m", "torchbay.cli.main", "launch", "-q", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=str(HERE))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=str(TESTS))
 
 
 def finish(*procs, timeout=180):

@@ -85,7 +85,7 @@ def test_a_directory_of_user_files_is_refused_before_anything_is_written(tmp_pat
                        match=r"outputs holds files that are not a torchbay checkpoint \(notes.txt, sub\)"):
         acc.save_state(str(user_dir))
     assert tree(tmp_path) == before and (user_dir / "notes.txt").read_text() == "my notes"
-    # save_model writes beside other files, as Accelerate does (tests/test_save_model_layout.py), and leaves them
+    # save_model writes beside other files, as Accelerate does (test_save_model_layout.py), and leaves them
     acc.save_model(model, str(user_dir))
     assert tree(tmp_path) == sorted([*before, "outputs/model.safetensors"])
     assert (user_dir / "notes.txt").read_text() == "my notes"
@@ -421,7 +421,7 @@ def test_no_code_path_unpickles_outside_the_safe_loader():
     import pathlib
     import re
 
-    root = pathlib.Path(__file__).resolve().parent.parent
+    root = pathlib.Path(__file__).resolve().parents[2]
     pattern = re.compile(r"torch\.load\(|pickle\.loads?\(|weights_only\s*=\s*False|\bUnpickler\(")
     offenders = []
     for path in [*root.glob("core/torchbay/**/*.py"), *root.glob("plugins/**/*.py")]:

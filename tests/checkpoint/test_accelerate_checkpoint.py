@@ -20,7 +20,7 @@ import pytest
 
 from torchbay.testing.processes import run_python, run_torchrun
 
-SCRIPT = str(Path(__file__).parent / "scripts" / "accelerate_ckpt_loop.py")
+SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "accelerate_ckpt_loop.py")
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
                                 reason="the real Accelerate is not installed")
 ENV = {"TORCHBAY_AS_ACCELERATE": "0"}

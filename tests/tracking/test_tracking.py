@@ -22,7 +22,7 @@ from torchbay.tracking.jsonl import JSONLinesTracker, read_jsonl, read_scalars
 from torchbay.tracking.trackers import GeneralTracker, LoggerType, TrackerError
 from torchbay.tracking.values import flatten, to_python
 
-ROOT = os.path.dirname(os.path.dirname(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class MemorySettings(BaseModel):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).parent
-SCRIPT = str(HERE / "scripts" / "cli_ranks.py")
+TESTS = Path(__file__).resolve().parents[1]
+SCRIPT = str(TESTS / "scripts" / "cli_ranks.py")
 WARNING = "plugin 'faulty' (distribution torchbay-faulty 0.0.7) failed"
 
 
@@ -21,7 +21,7 @@ WARNING = "plugin 'faulty' (distribution torchbay-faulty 0.0.7) failed"
 def site(tmp_path_factory):
     target = tmp_path_factory.mktemp("site")
     src = tmp_path_factory.mktemp("src") / "faulty_plugin"
-    shutil.copytree(HERE / "fixtures" / "faulty_plugin", src)
+    shutil.copytree(TESTS / "fixtures" / "faulty_plugin", src)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(src)], check=True, capture_output=True)
     return str(target)
@@ -33,7 +33,7 @@ def cli(site, mode, *args, only=True, code=None):
     if only:  # the faulty plugin alone (the built-ins always load): quicker, and the warning is its own
         env.update(TORCHBAY_DISABLE_PLUGIN_AUTOLOAD="1", TORCHBAY_PLUGINS="faulty")
     argv = [sys.executable, "-m", "torchbay.cli.main", *args] if code is None else [sys.executable, "-c", code]
-    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, cwd=str(HERE))
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, cwd=str(TESTS))
 
 
 # mode: (where it failed, the error)

@@ -23,8 +23,8 @@ import pytest
 
 from torchbay.builtin.cluster import SlurmEnvironment, expand_first_host, tasks_per_node
 
-HERE = Path(__file__).resolve().parent
-SLURM_DIR = HERE / "slurm"
+TESTS = Path(__file__).resolve().parents[1]
+SLURM_DIR = TESTS / "slurm"
 TRAIN = SLURM_DIR / "train.py"
 JOB_TIMEOUT = 150
 

@@ -11,8 +11,8 @@ import pytest
 
 from torchbay.plugin.manager import PluginManager, hookimpl
 
-HERE = os.path.dirname(__file__)
-FIXTURES = os.path.join(HERE, "fixtures")
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(TESTS, "fixtures")
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def probe(site, *args, env=None, script="plugin_probe.py"):
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}
     full_env["PYTHONPATH"] = site + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "scripts", script), *args], capture_output=True,
+    proc = subprocess.run([sys.executable, os.path.join(TESTS, "scripts", script), *args], capture_output=True,
                           text=True, env=full_env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)

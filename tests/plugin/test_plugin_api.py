@@ -18,7 +18,7 @@ from torchbay.cli.new_plugin import scaffold_device_plugin
 from torchbay.plugin import api_version
 from torchbay.plugin.manager import PluginManager
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PUBLIC_MODULES = {"torchbay", "torchbay.plugin", "torchbay.hookspecs", "torchbay.errors"}
 
 

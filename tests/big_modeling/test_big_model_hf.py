@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("transformers", reason="transformers is not installed (make compat-hf runs this in .venv-hf)")
 
-CASES_SCRIPT = Path(__file__).parent / "scripts" / "hf_big_model_cases.py"
+CASES_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "hf_big_model_cases.py"
 TRANSFORMERS_CASES = ["auto", "sequential", "balanced", "explicit_map", "torch_bin_checkpoint_to_disk"]
 OTHER_CASES = ["peft_lora_on_dispatched_model", "peft_from_pretrained_with_device_map",
                "diffusers_model_cpu_offload", "diffusers_sequential_cpu_offload"]
@@ -115,7 +115,7 @@ def test_peft_from_pretrained_with_a_device_map(results):
 def test_diffusers_offload_gives_the_same_images(results, case):
     """On a machine without an accelerator the execution device is the cpu (device="cpu"): the hooks,
     placements and images are checked here; the move to an accelerator and back is the GPU check's
-    (tests/test_big_model_devices.py with a device plugin)."""
+    (tests/big_modeling/test_big_model_devices.py with a device plugin)."""
     ours = _ours(results, case)
     assert ours["equal"] and ours["after_removal_equal"] and ours["hooks_left"] == 0, ours
     if case == "diffusers_sequential_cpu_offload":

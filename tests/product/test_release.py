@@ -14,7 +14,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLUGIN_CFGS = sorted(glob.glob(os.path.join(ROOT, "plugins", "*", "setup.cfg"))
                      + glob.glob(os.path.join(ROOT, "plugins", "*", "*", "setup.cfg")))
 TEMPLATE_CFG = os.path.join(ROOT, "core", "torchbay", "templates", "device", "setup.cfg.tmpl")

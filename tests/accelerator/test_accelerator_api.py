@@ -157,7 +157,7 @@ def test_slurm_and_mpi_environments_are_read(monkeypatch):
     from torchbay.builtin.cluster import OpenMPIEnvironment, SlurmEnvironment, expand_first_host
 
     monkeypatch.setenv("SLURM_PROCID", "3")
-    monkeypatch.setenv("SLURM_STEP_ID", "0")  # a task srun started (tests/test_slurm.py: real SLURM)
+    monkeypatch.setenv("SLURM_STEP_ID", "0")  # a task srun started (tests/launch/test_slurm.py: real SLURM)
     monkeypatch.setenv("SLURM_NTASKS", "8")
     monkeypatch.setenv("SLURM_LOCALID", "1")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[007-008],cpu1")

@@ -15,8 +15,8 @@ import pytest
 from torchbay.cli.main import main
 from torchbay.testing.processes import free_port
 
-HERE = Path(__file__).parent
-SCRIPTS = HERE / "scripts"
+TESTS = Path(__file__).resolve().parents[1]
+SCRIPTS = TESTS / "scripts"
 TORCHBAY = [sys.executable, "-m", "torchbay.cli.main"]
 
 
@@ -47,7 +47,7 @@ def processes_mentioning(marker: str) -> list[tuple[int, str]]:
 
 def launch(args, timeout=180, **env):
     return subprocess.run([*TORCHBAY, "launch", *args], capture_output=True, text=True, timeout=timeout,
-                          env=_env(**env), cwd=str(HERE))
+                          env=_env(**env), cwd=str(TESTS))
 
 
 def read_ranks(out_dir: Path, n: int) -> list[dict]:
@@ -90,7 +90,7 @@ def test_lines_of_ranks_printing_at_once_stay_whole(tmp_path):
     and its newline were two writes, and about one line in ten was split)."""
     lines = 2000
     proc = subprocess.Popen([*TORCHBAY, "launch", "-q", "--num-processes", "3", str(SCRIPTS / "cli_lines.py"),
-                             str(lines)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(), cwd=str(HERE))
+                             str(lines)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(), cwd=str(TESTS))
     chunks = []
     try:
         while chunk := proc.stdout.read1(1 << 16):
@@ -156,7 +156,7 @@ def test_crashing_rank_is_named_first_and_every_rank_stops(tmp_path):
 def test_killed_rank_ends_the_job(tmp_path):
     proc = subprocess.Popen([*TORCHBAY, "launch", "-q", "--num-processes", "2", str(SCRIPTS / "cli_fail.py"),
                              str(tmp_path), "kill", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(), cwd=str(HERE))
+                            env=_env(), cwd=str(TESTS))
     try:
         _wait_for([tmp_path / "pid0", tmp_path / "pid1"])
         time.sleep(0.5)
@@ -178,7 +178,7 @@ def test_killed_rank_ends_the_job(tmp_path):
 def test_stopping_the_launcher_stops_every_process(tmp_path):
     proc = subprocess.Popen([*TORCHBAY, "launch", "-q", "--num-processes", "2", str(SCRIPTS / "cli_fail.py"),
                              str(tmp_path), "kill", "9"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(), cwd=str(HERE))
+                            env=_env(), cwd=str(TESTS))
     try:
         _wait_for([tmp_path / "pid0", tmp_path / "pid1"])
         time.sleep(1.0)
@@ -208,7 +208,7 @@ def test_inside_an_allocation_each_task_becomes_its_rank(tmp_path):
                    SLURM_LOCALID=str(rank), SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NODELIST="node[3-4]")
         procs.append(subprocess.Popen([*TORCHBAY, "launch", str(SCRIPTS / "cli_env.py"), str(tmp_path)],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                      cwd=str(HERE)))
+                                      cwd=str(TESTS)))
     outputs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     tasks = [json.loads((tmp_path / f"task{r}.json").read_text()) for r in range(2)]
@@ -370,7 +370,7 @@ def test_ranks_in_different_collectives_are_named_with_their_call_sites(tmp_path
 def test_sigkill_to_the_launcher_leaves_no_process(tmp_path):
     proc = subprocess.Popen([*TORCHBAY, "launch", "-q", "--num-processes", "2", str(SCRIPTS / "cli_fail.py"),
                              str(tmp_path), "kill", "9"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(), cwd=str(HERE))
+                            env=_env(), cwd=str(TESTS))
     try:
         _wait_for([tmp_path / "pid0", tmp_path / "pid1"])
         time.sleep(1.0)
@@ -389,7 +389,7 @@ def test_sigkill_to_the_launcher_leaves_no_process(tmp_path):
 def test_ctrl_c_on_a_hung_job_says_where_each_rank_was(tmp_path):
     proc = subprocess.Popen([*TORCHBAY, "launch", "-q", "--num-processes", "2", str(SCRIPTS / "cli_hang.py"),
                              str(tmp_path), "sleep", "1", "300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=_env(), cwd=str(HERE))
+                            text=True, env=_env(), cwd=str(TESTS))
     try:
         _wait_for([tmp_path / "timeout0", tmp_path / "timeout1"])
         time.sleep(1.5)  # rank 0 waits in the barrier, rank 1 in its own work

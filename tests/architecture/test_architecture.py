@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORE = os.path.join(ROOT, "core", "torchbay")
 BANNED = re.compile(r"torch\.cuda|\b(cuda|xpu|npu|mlu|hpu|xla|mps|musa|deepspeed|fsdp|fully_shard|"
                     r"transformer_engine|torchao|msamp)\b", re.IGNORECASE)

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("accelerate")  # a dev dependency: its names are the data
 
-ROOT = os.path.dirname(os.path.dirname(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "docs"))
 
 import generate_accelerate_compat as gen  # noqa: E402

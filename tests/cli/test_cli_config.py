@@ -11,8 +11,9 @@ import yaml
 from torchbay.cli.main import main
 from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
 
-FIXTURES = Path(__file__).parent / "fixtures" / "accelerate"
-SCRIPT = str(Path(__file__).parent / "scripts" / "cli_ranks.py")
+TESTS = Path(__file__).resolve().parents[1]
+FIXTURES = TESTS / "fixtures" / "accelerate"
+SCRIPT = str(TESTS / "scripts" / "cli_ranks.py")
 
 
 def run(capsys, *argv):

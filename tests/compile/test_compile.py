@@ -30,7 +30,7 @@ from torchbay.compile.compiler import (
 from torchbay.errors import ConfigError, IncompatibleSetupError
 from torchbay.testing.processes import run_torchrun
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAS_FSDP = importlib.util.find_spec("torchbay_fsdp") is not None
 HAS_TORCHAO = importlib.util.find_spec("torchbay_fp8_torchao") is not None
 AOT_EAGER = {"compile": {"enabled": True, "backend": "aot_eager"}}

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAMES = os.path.join(ROOT, "tests", "compat_hf", "accelerate_names.yaml")
 
 

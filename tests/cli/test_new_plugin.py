@@ -19,7 +19,7 @@ from torchbay.cli.main import main
 from torchbay.cli.new_plugin import DEVICE_FILES, names_for, scaffold_device_plugin
 from torchbay.errors import TorchbayError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 #: where a device would have to be added if torchbay were built like the tools it replaces

@@ -18,7 +18,7 @@ from torchbay.compat.names import UnsupportedAPIError
 from torchbay.config.model import Section
 from torchbay.plugin.manager import PluginManager, get_plugin_manager, hookimpl, reset_plugin_manager
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "accelerate"
 
 

@@ -20,8 +20,8 @@ from safetensors.torch import save_file
 from torchbay import Accelerator
 from torchbay.errors import CheckpointError
 
-HERE = Path(__file__).parent
-SCRIPT = HERE / "scripts" / "accelerate_save_model.py"
+TESTS = Path(__file__).resolve().parents[1]
+SCRIPT = TESTS / "scripts" / "accelerate_save_model.py"
 TIES = {"tied.weight": "0.weight", "tied.bias": "0.bias"}
 
 
