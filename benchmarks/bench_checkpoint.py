@@ -17,8 +17,10 @@ the high-water mark of resident memory above the start during the load), so that
 pays for another's garbage. Before every load the weights and optimizer state are changed;
 after it they must equal what was saved, bit for bit (the benchmark stops if not).
 
-An asynchronous table comes first: a 24-step loop with a save every 6 steps, synchronous saves
-against ``save_state(blocking=False)`` (the stall inside the call, and the time each adds to the loop).
+Asynchronous tables come first: a 24-step loop with a save every 6 steps, synchronous saves
+against ``save_state(blocking=False)`` (the stall inside the call, and the time each adds to the loop),
+with 1 process (``--async-mb``) and with FSDP2 over 2 processes (half that size; launched here through
+torch.distributed.run, or by hand as below).
 
     python benchmarks/bench_checkpoint.py [--mb 200] [--rounds 7] [--memory-rounds 3]
                                           [--async-mb 100] [--async-rounds 3] [--only sync|async]
@@ -236,6 +238,19 @@ def async_table(mb: int, rounds: int, steps: int = 24, every: int = 6, strategy:
             out.write(json.dumps({"title": "Checkpoints: asynchronous save_state", "markdown": text}) + "\n")
 
 
+def fsdp_async_table(mb: int, rounds: int) -> None:
+    """The asynchronous table again for FSDP2 with 2 processes, launched by torch.distributed.run (rank 0 adds its
+    table to the same results file)."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               os.path.abspath(__file__), "--async-strategy", "fsdp", "--async-mb", str(mb),
+               "--async-rounds", str(rounds)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    subprocess.run(command, check=True, env=env)
+
+
 CHILD = "import sys; sys.path.insert(0, 'benchmarks'); import bench_checkpoint as b; b.child(*sys.argv[1:])"
 
 
@@ -258,6 +273,7 @@ def main():
         return
     if args.only != "sync":
         async_table(args.async_mb, args.async_rounds)
+        fsdp_async_table(args.async_mb // 2, args.async_rounds)
     if args.only == "async":
         return
     names = ["raw"] + (["accelerate"] if accelerate_available() else []) + ["torchbay"]
