@@ -53,7 +53,7 @@ class BackgroundSaving:
         if acc.strategy.can_start_checkpoint():
             return True  # the strategy starts its own asynchronous write of models and optimizers
         if not getattr(acc.strategy, "async_checkpoint", False):
-            why = f"the {acc.strategy.name} strategy writes its checkpoint itself"
+            why = acc.strategy.synchronous_checkpoint_reason()
         elif acc.checkpoint_io.collective and acc.num_processes > 1:
             why = (f"checkpoint.io '{acc.checkpoint_io.name}' writes with collectives, which must not run beside "
                    f"the training loop's")

@@ -271,6 +271,10 @@ def test_student_teacher_train_and_checkpoint_both(state):
     assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= set(
         state["ds_files"])
     assert "model_1.safetensors" in files  # the frozen teacher: its full weights
+    # save_state(blocking=False): synchronous (published in the call), one warning naming the engine and why
+    assert state["async_done_at_return"] and len(state["async_warnings"]) == 1
+    assert all(words in state["async_warnings"][0] for words in (
+        "(this run: TorchCheckpointEngine)", "DecoupledCheckpointEngine", "use strategy fsdp"))
     assert state["teacher_differs_before_load"] > 0.1 and state["teacher_after_load"] == 0.0
     # each engine's "auto" values came from its own model
     assert any("hidden size 32" in line for line in state["report"][0])
