@@ -4,8 +4,9 @@ gloo, CPU). Writes ``result_rank<r>.json`` into ``--out``.
 Modes (``--strategy ddp|fsdp|fsdp1``; fsdp1 is FSDP1, ``fsdp.version: 1``):
   state       async save, train on while it is written, wait, load: the checkpoint is the state at the call
   start_fail  the state cannot be taken on rank 1 only (``--inject extra``: a plugin's per-rank extra state
-              raises there; ``--inject model``: a hook on the prepared model's state dict raises there): every rank gets the error,
-              nothing is published, no writer is left running, and the next asynchronous save works
+              raises there; ``--inject model``: a hook on the prepared model's state dict raises there): every
+              rank gets the error, nothing is published, no writer is left running, and the next asynchronous
+              save works
 
 torchbay refuses FSDP1 on CPU (its check asks for an accelerator); torch runs it over gloo, and these tests lift
 that one check in this process to run real FSDP1 here.
