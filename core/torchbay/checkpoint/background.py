@@ -59,7 +59,7 @@ class BackgroundSaving:
         if run.strategy.can_start_checkpoint():
             return True  # the strategy starts its own asynchronous write of models and optimizers
         if not getattr(run.strategy, "async_checkpoint", False):
-            why = f"the {run.strategy.name} strategy writes its checkpoint itself"
+            why = run.strategy.synchronous_checkpoint_reason()
         elif run.checkpoint_io.collective and run.num_processes > 1:
             why = (f"checkpoint.io '{run.checkpoint_io.name}' writes with collectives, which must not run beside "
                    f"the training loop's")

@@ -52,6 +52,12 @@ class FullStateCheckpoint:
         """Whether :meth:`start_checkpoint` is offered (for a strategy whose own checkpoint is collective)."""
         return False
 
+    def synchronous_checkpoint_reason(self) -> str:
+        """Why ``save_state(blocking=False)`` saves synchronously with this strategy (neither
+        ``async_checkpoint`` nor :meth:`can_start_checkpoint`): the once-logged warning's words;
+        say what is missing and how to get an asynchronous save, if there is a way."""
+        return f"the {self.name} strategy writes its checkpoint itself"
+
     def start_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO, *,
                          owners: list[int | None] | None = None) -> Callable[[], list[str]]:
         """An asynchronous save's model and optimizer part, for a strategy that writes them itself
@@ -59,7 +65,9 @@ class FullStateCheckpoint:
         ``directory``; return a function that waits for those writes and returns the files this
         rank wrote. Both run on the main thread of every rank, in the same order (the function at
         the point where the ranks agree on the save); collectives the writes need run on a
-        process group of their own, never on the training loop's.
+        process group of their own, never on the training loop's. No rank may start a write
+        unless every rank can: take the state first, agree (``all_gather_object``), then start;
+        a rank that could not take it raises, the others start nothing and return.
         """
         raise NotImplementedError
 

@@ -171,6 +171,19 @@ def test_values_set_in_both_places_are_rejected_with_both_shown(tmp_path, deepsp
     assert len([p for p in problems if "DeepSpeed" in p]) == 4  # every conflict at once
 
 
+def test_deepspeeds_decoupled_checkpoint_writer_is_refused_before_training(tmp_path, deepspeed_context):
+    """DeepSpeed's decoupled writer finishes files after save returns: torchbay would publish them unwritten."""
+    from torchbay.errors import IncompatibleSetupError
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2},
+                                "checkpoint": {"writer": {"decoupled": True, "type": "fast"}}}))
+    with pytest.raises(IncompatibleSetupError, match="remove \"decoupled\" from the DeepSpeed config"):
+        deepspeed_context({"deepspeed.deepspeed_config_file": str(path)})
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "checkpoint": {"writer": {"decoupled": False}}}))
+    deepspeed_context({"deepspeed.deepspeed_config_file": str(path)})  # the in-call writer is accepted
+
+
 def test_auto_and_equal_values_are_no_conflict(tmp_path, deepspeed_context):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": "auto",
@@ -271,6 +284,10 @@ def test_student_teacher_train_and_checkpoint_both(state):
     assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= set(
         state["ds_files"])
     assert "model_1.safetensors" in files  # the frozen teacher: its full weights
+    # save_state(blocking=False): synchronous (published in the call), one warning naming the engine and why
+    assert state["async_done_at_return"] and len(state["async_warnings"]) == 1
+    assert all(words in state["async_warnings"][0] for words in (
+        "(this run: TorchCheckpointEngine)", "DecoupledCheckpointEngine", "use strategy fsdp"))
     assert state["teacher_differs_before_load"] > 0.1 and state["teacher_after_load"] == 0.0
     # each engine's "auto" values came from its own model
     assert any("hidden size 32" in line for line in state["report"][0])

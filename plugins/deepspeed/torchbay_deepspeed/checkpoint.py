@@ -31,6 +31,20 @@ class DeepSpeedCheckpoint:
             return dict(state) if state is not None else {}
         return rec.module.state_dict()
 
+    def synchronous_checkpoint_reason(self) -> str:
+        """Why ``save_state(blocking=False)`` is synchronous with DeepSpeed (docs/checkpoint-guarantees.md, 6)."""
+        import sys
+
+        version = getattr(sys.modules.get("deepspeed"), "__version__", "")
+        engines = sorted({type(rec.engine.checkpoint_engine).__name__ for rec in self.records
+                          if rec.engine is not None and getattr(rec.engine, "checkpoint_engine", None) is not None})
+        return (f"DeepSpeed {version} writes each engine's checkpoint in the call, collectively "
+                f"(this run: {', '.join(engines) or 'TorchCheckpointEngine'}), and none of its checkpoint engines "
+                f"offers an asynchronous save torchbay can publish with its guarantees: FastCheckpointEngine also "
+                f"writes in the call (and needs libaio), DecoupledCheckpointEngine hands the live tensors to a "
+                f"subprocess and commits inside the next engine.step(), DataStates needs the datastates package "
+                f"(not on PyPI), Nebula is removed; for asynchronous saves use strategy fsdp")
+
     def save_checkpoint(self, directory: Path, models: list, optimizers: list, io, *,
                         owners: list[int | None] | None = None) -> list[str]:
         """Every rank writes its part of each engine's DeepSpeed checkpoint to ``deepspeed_model_<i>``."""

@@ -296,3 +296,14 @@ def device_problems(cfg: dict, device_backend_cls: Any) -> list[str]:
         return []
     return [f"DeepSpeed fp16 cannot run on device '{device_backend_cls.name}': {reason}; use mixed_precision: bf16 "
             f"(\"bf16\": {{\"enabled\": true}} in the JSON) or no (fp32)"]
+
+
+def checkpoint_writer_problems(cfg: dict) -> list[str]:
+    """DeepSpeed settings that would make torchbay publish a checkpoint whose files are not all written yet."""
+    writer = get_path(cfg, ("checkpoint", "writer"))
+    if isinstance(writer, dict) and writer.get("decoupled"):
+        return ["the DeepSpeed config's \"checkpoint\": {\"writer\": {\"decoupled\": true}} has another process "
+                "finish the checkpoint files after the engine's save returns, so torchbay would publish a checkpoint "
+                "before its files are written: remove \"decoupled\" from the DeepSpeed config (for saves that do not "
+                "stop training use save_state(blocking=False) with strategy fsdp, docs/checkpoint-guarantees.md)"]
+    return []

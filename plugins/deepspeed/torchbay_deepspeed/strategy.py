@@ -92,7 +92,8 @@ class DeepSpeedStrategy(DeepSpeedStep, DeepSpeedCheckpoint, Strategy):
                             f"{os.environ['DS_ACCELERATOR']}")
         base, _, found = dsconfig.base_config(context.resolved, context.cluster.world_size())
         if not found:
-            found = dsconfig.device_problems(base, context.device_backend_cls)
+            found = [*dsconfig.device_problems(base, context.device_backend_cls),
+                     *dsconfig.checkpoint_writer_problems(base)]
         return problems + found
 
     def __init__(self, context):

@@ -119,17 +119,17 @@ class FSDPCheckpoint:
         return state
 
     def can_start_checkpoint(self) -> bool:
-        return self.settings.version == 2  # save_state(blocking=False): DCP's async_save
+        return True  # save_state(blocking=False): FSDP2 and FSDP1 (torchbay_fsdp.async_checkpoint)
 
     def start_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO, *,
                          owners: list[int | None] | None = None):
-        """``dcp.async_save`` of each model and optimizer: DCP copies this rank's shards to host memory
-        in the call and writes them in its own thread per save, whose collectives run on a gloo group
-        of that save's own (created once, by every rank, on the main thread), never the training's."""
-        import torch.distributed.checkpoint as dcp
+        """Copy this rank's shards of each model and optimizer to host memory in the call; once every
+        rank holds its copy, write each with DCP in a thread of its own, whose collectives run on a
+        gloo group of that save's own (created once, by every rank, on the main thread), never the
+        training's (:mod:`torchbay_fsdp.async_checkpoint`)."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-        from torchbay.plugin import dcp_files_of_rank
+        from torchbay_fsdp.async_checkpoint import AgreedStart
 
         groups = self.__dict__.setdefault("_checkpoint_groups", {})
 
@@ -138,29 +138,13 @@ class FSDPCheckpoint:
                 groups[stem] = dist.new_group(backend="gloo")
             return groups[stem]
 
-        started = []
+        writes = AgreedStart(self, directory)
         for i, model in enumerate(models):
-            started.append((model_dir(i), dcp.async_save(get_model_state_dict(model), checkpoint_id=str(
-                directory / model_dir(i)), process_group=group(model_dir(i)))))
+            writes.stage(model_dir(i), lambda model=model: get_model_state_dict(model))
         for j, opt in enumerate(optimizers):
-            state = get_optimizer_state_dict(self._owner(j, models, owners, optimizers), getattr(opt, "optimizer", opt))
-            started.append((optimizer_dir(j), dcp.async_save(state, checkpoint_id=str(directory / optimizer_dir(j)),
-                                                             process_group=group(optimizer_dir(j)))))
-
-        def finish() -> list[str]:
-            written: list[str] = []
-            errors = []
-            for stem, future in started:  # every write is waited for, even after one failed
-                try:
-                    future.result()
-                    written += dcp_files_of_rank(directory, stem)
-                except Exception as exc:
-                    errors.append(f"{stem}: {type(exc).__name__}: {exc}")
-            if errors:
-                raise CheckpointError(f"the asynchronous DCP save failed: {'; '.join(errors)}")
-            return written + self._write_info(directory, models, optimizers)
-
-        return finish
+            writes.stage(optimizer_dir(j), lambda j=j, opt=opt: get_optimizer_state_dict(
+                self._owner(j, models, owners, optimizers), getattr(opt, "optimizer", opt)))
+        return writes.start(group, lambda: self._write_info(directory, models, optimizers))
 
     def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO,
                         read: Any = None, *, owners: list[int | None] | None = None) -> None:

@@ -110,7 +110,13 @@ losses, batches = [], []
 for i, (x, y) in enumerate(loader):
     losses.append(step(acc, student, teacher, opt, x, y))
     if i + 1 == SAVE_AT:
-        acc.save_state(CKPT)
+        import logging
+
+        warned: list[str] = []
+        logging.getLogger("torchbay").addFilter(lambda record: warned.append(record.getMessage()) or True)
+        handle = acc.save_state(CKPT, blocking=False)  # DeepSpeed: synchronous, with the one-line warning
+        result["async_done_at_return"] = handle.done() and handle.wait() == CKPT
+        result["async_warnings"] = [m for m in warned if "saves synchronously here" in m]
         at_save = gathered(acc, student)
         if acc.is_main_process:
             from safetensors.torch import save_file
