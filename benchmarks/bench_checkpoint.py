@@ -242,7 +242,6 @@ def fsdp_async_table(mb: int, rounds: int) -> None:
     """The asynchronous table again for FSDP2 with 2 processes, launched by torch.distributed.run (rank 0 adds its
     table to the same results file)."""
     import subprocess
-    import sys
 
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                os.path.abspath(__file__), "--async-strategy", "fsdp", "--async-mb", str(mb),

@@ -101,11 +101,10 @@ def _add_flag(container, flag: str, dotted: str, annotation: Any, help_text: str
         kwargs.update(action="extend", type=_comma_list, metavar="VALUE")
     else:
         kwargs["metavar"] = dotted.rpartition(".")[2].upper()
-    overrides = dict(overrides or {})
-    if "action" in overrides or "choices" in overrides:
-        for generated in ("nargs", "const", "metavar", "action"):
-            if generated not in overrides:
-                kwargs.pop(generated, None)
+    overrides = overrides or {}
+    if "action" in overrides or "choices" in overrides:  # the override handles the value: drop the generated way
+        for generated in ("nargs", "const", "metavar", "action", "type"):
+            kwargs.pop(generated, None)
     kwargs.update(overrides)
     action = container.add_argument(flag, **kwargs)
     setattr(action, ANNOTATION_ATTR, annotation)
