@@ -15,6 +15,7 @@ from torchbay._lazy import serve_names
 _SOURCES = {
     "torchbay.plugin.api_version": ["API_VERSION"],
     "torchbay.plugin.manager": ["hookimpl"],
+    "torchbay.plugin.lazy_class": ["LazyClass"],
     "torchbay.plugin.info": ["library_version"],
     "torchbay.plugin.context": ["RunContext"],
     # the axes a plugin implements

@@ -9,6 +9,9 @@ minor when one is added. A plugin states the version it was written for in its e
 At discovery a different major is refused (the plugin is not loaded; the run goes on without it), a newer minor
 is loaded with a warning (it may use a hook or name this torchbay lacks), and an older minor or no declaration
 is loaded silently.
+
+History: 1.0 (round 3); 1.1 adds :class:`~torchbay.plugin.LazyClass` (a registration hook may name a class by its
+import path, so that a run that does not select it never imports it).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 #: (major, minor) of the plugin contract this torchbay implements
-API_VERSION = (1, 0)
+API_VERSION = (1, 1)
 #: the module attribute a plugin declares its version in
 DECLARATION = "TORCHBAY_PLUGIN_API"
 

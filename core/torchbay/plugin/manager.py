@@ -36,6 +36,7 @@ from torchbay.errors import PluginError, TorchbayError
 from torchbay.plugin import api_version
 from torchbay.plugin.contributions import Contributions
 from torchbay.plugin.info import PluginInfo, _describe, _env_list, _own_version
+from torchbay.plugin.lazy_class import LazyClass, loaded
 
 ENTRY_POINT_GROUP = "torchbay"
 hookimpl = pluggy.HookimplMarker("torchbay")
@@ -96,9 +97,9 @@ class PluginManager(Contributions, pluggy.PluginManager):
 
     def _load_entry_points(self) -> None:
         for ep in _entry_points():
-            dist = getattr(ep, "dist", None)
-            dist_name = dist.metadata["Name"] if dist is not None else "?"
-            dist_version = dist.version if dist is not None else "?"
+            metadata = ep.dist.metadata if getattr(ep, "dist", None) is not None else None  # parsed once
+            dist_name = metadata["Name"] if metadata is not None else "?"
+            dist_version = metadata["Version"] if metadata is not None else "?"
             if ep.name in self.infos:  # a built-in's name, or another distribution's entry point
                 owner = self.infos[ep.name].distribution
                 taken = "a built-in plugin" if owner == "torchbay" else f"a plugin of distribution {owner}"
@@ -316,6 +317,19 @@ class PluginManager(Contributions, pluggy.PluginManager):
                     found[name] = cls
         return {name: cls for name, cls in found.items()
                 if not self.is_failed(getattr(cls, "_torchbay_plugin", ""))}
+
+    def load_registered(self, entry: Any) -> Any:
+        """The class a registry entry stands for, imported now if its plugin registered it lazily
+        (:class:`~torchbay.plugin.LazyClass`); None when that fails, which disables the plugin
+        as a failing hook does (a run that selected the class reports the plugin's message)."""
+        try:
+            return loaded(entry)
+        except PluginError as exc:
+            if not isinstance(entry, LazyClass):
+                raise
+            plugin = entry.__dict__.get("_torchbay_plugin", "?")
+            self._fail(self.info_of(plugin), "import", getattr(exc, "reason", str(exc)))
+            return None
 
     def _clash(self, what: str, name: str, first: str, second: str, hook: str) -> None:
         owner = self.infos.get(first)

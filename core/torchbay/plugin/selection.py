@@ -67,7 +67,8 @@ def core_problems(context: RunContext) -> list[str]:
 
 def select_device(name: str, registry: dict[str, Any], pm, problems: list[str]):
     if name == "auto":
-        available = [cls for cls in registry.values() if cls.is_available()]
+        imported = (pm.load_registered(entry) for entry in registry.values())
+        available = [cls for cls in imported if cls is not None and cls.is_available()]
         if not available:
             problems.append("device: auto found no usable device (is the built-in cpu plugin blocked?)")
             return None
@@ -76,6 +77,8 @@ def select_device(name: str, registry: dict[str, Any], pm, problems: list[str]):
     if cls is None:
         problems.append(_missing(DEVICE, name, registry, pm))
         return None
+    if pm.load_registered(cls) is None:
+        return cls  # its plugin failed to import it: build_context reports the plugin's message
     reason = cls.unavailable_reason()
     if reason:
         problems.append(f"device '{name}' cannot be used here: {reason}; or choose another device "
@@ -110,7 +113,7 @@ def select_precision(config, registry: dict[str, Any], device_cls, pm, problems:
         return None
     if not _has_engines(engines):
         return engines[None]
-    return _select_engine(mode, engines, engine_setting(config, mode), config, device_cls, problems)
+    return _select_engine(mode, engines, engine_setting(config, mode), config, device_cls, pm, problems)
 
 
 def _engine_hint(mode: str, choice: str, engines: dict) -> str:
@@ -125,7 +128,7 @@ def _names(engines: dict) -> str:
     return ", ".join(sorted(e for e in engines if e is not None)) or "none"
 
 
-def _select_engine(mode: str, engines: dict, choice: str, config, device_cls, problems: list[str]):
+def _select_engine(mode: str, engines: dict, choice: str, config, device_cls, pm, problems: list[str]):
     if choice != "auto":
         cls = engines.get(choice)
         if cls is None:
@@ -137,7 +140,8 @@ def _select_engine(mode: str, engines: dict, choice: str, config, device_cls, pr
             problems.append(f"{mode} backend '{choice}' cannot run here: {reason}")
         return cls
     reasons = []
-    ranked = sorted(((e, c) for e, c in engines.items() if e is not None), key=lambda ec: -ec[1].priority)
+    imported = ((engine, pm.load_registered(cls)) for engine, cls in engines.items() if engine is not None)
+    ranked = sorted(((e, c) for e, c in imported if c is not None), key=lambda ec: -ec[1].priority)
     for engine, cls in ranked:
         reason = cls.unavailable_reason(device_cls, config) if device_cls else "no device"
         if reason is None:
@@ -177,11 +181,15 @@ def build_context(resolved: ResolvedConfig, pm, cluster=None) -> RunContext:
         problems = str(exc).splitlines()
     registries = pm.registries()
     cluster = cluster or detect_cluster_environment(registries["cluster_environments"])
-    device_cls = select_device(config.device, registries["devices"], pm, problems)
-    strategy_cls = select_strategy(config.strategy, registries["strategies"], cluster.world_size(), pm, problems)
-    precision_cls = select_precision(config, registries["precisions"], device_cls, pm, problems)
+    chosen = [select_device(config.device, registries["devices"], pm, problems),
+              select_strategy(config.strategy, registries["strategies"], cluster.world_size(), pm, problems)]
+    chosen.append(select_precision(config, registries["precisions"], chosen[0], pm, problems))
     if config.checkpoint.io not in registries["checkpoint_io"]:
         problems.append(_missing("checkpoint io", config.checkpoint.io, registries["checkpoint_io"], pm))
+    chosen.append(registries["checkpoint_io"].get(config.checkpoint.io))
+    # a class registered lazily is imported here, once selected; if that fails, its plugin's message says why
+    device_cls, strategy_cls, precision_cls = (None if entry is None else pm.load_registered(entry)
+                                               for entry in chosen[:3])
     context = RunContext(resolved=resolved, pm=pm, cluster=cluster, device_backend_cls=device_cls,
                          strategy_cls=strategy_cls or Strategy, precision_cls=precision_cls or Precision)
     if device_cls is not None and strategy_cls is not None and precision_cls is not None:
@@ -190,8 +198,7 @@ def build_context(resolved: ResolvedConfig, pm, cluster=None) -> RunContext:
             check_selected(cls, context, problems, pm)
         for found in pm.hook.torchbay_validate(context=context):
             problems += list(found or [])
-    chosen = (device_cls, strategy_cls, precision_cls, registries["checkpoint_io"].get(config.checkpoint.io))
-    selected = {getattr(cls, "_torchbay_plugin", None) for cls in chosen if cls is not None} - {None}
+    selected = {getattr(entry, "_torchbay_plugin", None) for entry in chosen if entry is not None} - {None}
     for name in sorted(selected):
         if pm.is_failed(name):  # it failed in a hook since it registered the class: the run cannot use it
             problems.append(pm.infos[name].message)

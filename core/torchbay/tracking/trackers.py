@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from torchbay.errors import TorchbayError
+from torchbay.plugin.lazy_class import loaded
 from torchbay.plugin.manager import get_plugin_manager
 from torchbay.plugin.published import TRACKER
 from torchbay.plugin.published import install_hint as hint
@@ -178,8 +179,8 @@ def select_trackers(names: Iterable[str], registry: Mapping[str, type[GeneralTra
     for name in names:
         if name == ALL:
             for cls in registry.values():
-                if cls not in chosen and not _reason(cls):
-                    chosen.append(cls)
+                if not _reason(cls) and loaded(cls) not in chosen:
+                    chosen.append(loaded(cls))
             continue
         cls = registry.get(name)
         if cls is None:
@@ -191,8 +192,8 @@ def select_trackers(names: Iterable[str], registry: Mapping[str, type[GeneralTra
         reason = _reason(cls)
         if reason:
             problems.append(f"{setting}: tracker '{name}' cannot run here: {reason}")
-        elif cls not in chosen:
-            chosen.append(cls)
+        elif loaded(cls) not in chosen:  # a class registered lazily was imported by _reason
+            chosen.append(loaded(cls))
     return chosen, problems
 
 

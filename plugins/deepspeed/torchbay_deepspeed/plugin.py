@@ -8,18 +8,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from torchbay.plugin import add_section_options, hookimpl
+from torchbay.plugin import LazyClass, add_section_options, hookimpl
 from torchbay_deepspeed.config import DeepSpeedSection
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
-TORCHBAY_PLUGIN_API = (1, 0)
+TORCHBAY_PLUGIN_API = (1, 1)
 
 
 @hookimpl
 def torchbay_register_strategies():
-    from torchbay_deepspeed.strategy import DeepSpeedStrategy
-
-    return [DeepSpeedStrategy]
+    return [LazyClass("torchbay_deepspeed.strategy:DeepSpeedStrategy", name="deepspeed")]
 
 
 @hookimpl

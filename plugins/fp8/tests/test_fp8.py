@@ -112,7 +112,8 @@ def test_the_fp8_section_and_shared_base_are_their_own_distribution():
     assert not glob.glob(os.path.join(ROOT, "plugins/fp8/*/torchbay_fp8_*/_common.py"))
     engines = {k: c for k, c in pm.registries()["precisions"].items() if k.startswith("fp8:")}
     assert sorted(engines) == ["fp8:msamp", "fp8:te", "fp8:torchao"]
-    for key, cls in engines.items():
+    for key, entry in engines.items():
+        cls = pm.load_registered(entry)  # the engines register lazily (LazyClass): imported when selected
         assert issubclass(cls, FP8Precision) and cls.name == "fp8" and key == f"fp8:{cls.engine}"
     # the shared checks (engine options, outer bf16 autocast) are written once, in the base
     for path in glob.glob(os.path.join(ROOT, "plugins/fp8/*/torchbay_fp8_*/precision.py")):

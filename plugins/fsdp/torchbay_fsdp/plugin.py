@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 
-from torchbay.plugin import add_section_options, hookimpl
+from torchbay.plugin import LazyClass, add_section_options, hookimpl
 from torchbay_fsdp.config import FSDPConfig, ParallelismSection
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
-TORCHBAY_PLUGIN_API = (1, 0)
+TORCHBAY_PLUGIN_API = (1, 1)
 
 #: CLI flag -> (config key, argparse keywords on top of the generated ones: add_section_options)
 _FLAGS = {
@@ -58,9 +58,7 @@ _PARALLEL_FLAGS = {
 
 @hookimpl
 def torchbay_register_strategies():
-    from torchbay_fsdp.strategy import FSDPStrategy
-
-    return [FSDPStrategy]
+    return [LazyClass("torchbay_fsdp.strategy:FSDPStrategy", name="fsdp")]
 
 
 @hookimpl

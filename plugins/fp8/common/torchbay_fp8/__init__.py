@@ -6,12 +6,20 @@
 - :mod:`torchbay_fp8.linears`: which ``nn.Linear`` modules to convert, and the
   "too small to gain" warning.
 
-Importing it imports torch and torchbay only, never an FP8 engine.
+Importing it imports nothing: each name is imported from its module when first read, so the plugin
+module (which needs only the config section) leaves the precision base unimported in a run without FP8.
 """
 
-from torchbay_fp8.config import FP8Config
-from torchbay_fp8.linears import LinearPlan, plan_linears, small_layers, warn_small_layers
-from torchbay_fp8.precision import FP8Precision
+import importlib
 
 __version__ = "0.1.0"
-__all__ = ["FP8Config", "FP8Precision", "LinearPlan", "plan_linears", "small_layers", "warn_small_layers"]
+_SOURCES = {"FP8Config": "torchbay_fp8.config", "FP8Precision": "torchbay_fp8.precision",
+            **dict.fromkeys(["LinearPlan", "plan_linears", "small_layers", "warn_small_layers"],
+                            "torchbay_fp8.linears")}
+__all__ = sorted(_SOURCES)
+
+
+def __getattr__(name: str):
+    if name in _SOURCES:
+        return getattr(importlib.import_module(_SOURCES[name]), name)
+    raise AttributeError(f"module 'torchbay_fp8' has no attribute {name!r}")

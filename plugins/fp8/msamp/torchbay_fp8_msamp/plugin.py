@@ -11,17 +11,15 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 
-from torchbay.plugin import hookimpl
+from torchbay.plugin import LazyClass, hookimpl
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
-TORCHBAY_PLUGIN_API = (1, 0)
+TORCHBAY_PLUGIN_API = (1, 1)
 
 
 @hookimpl
 def torchbay_register_precisions():
-    from torchbay_fp8_msamp.precision import MSAMPFP8Precision
-
-    return [MSAMPFP8Precision]
+    return [LazyClass("torchbay_fp8_msamp.precision:MSAMPFP8Precision", name="fp8", engine="msamp")]
 
 
 @hookimpl

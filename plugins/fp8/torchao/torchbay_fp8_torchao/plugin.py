@@ -10,17 +10,15 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 
-from torchbay.plugin import hookimpl
+from torchbay.plugin import LazyClass, hookimpl
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
-TORCHBAY_PLUGIN_API = (1, 0)
+TORCHBAY_PLUGIN_API = (1, 1)
 
 
 @hookimpl
 def torchbay_register_precisions():
-    from torchbay_fp8_torchao.precision import TorchaoFP8Precision
-
-    return [TorchaoFP8Precision]
+    return [LazyClass("torchbay_fp8_torchao.precision:TorchaoFP8Precision", name="fp8", engine="torchao")]
 
 
 @hookimpl

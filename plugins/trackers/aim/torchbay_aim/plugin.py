@@ -11,10 +11,10 @@ from typing import Optional
 
 from pydantic import Field
 
-from torchbay.plugin import Section, hookimpl
+from torchbay.plugin import LazyClass, Section, hookimpl
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
-TORCHBAY_PLUGIN_API = (1, 0)
+TORCHBAY_PLUGIN_API = (1, 1)
 
 NAME = "aim"
 
@@ -27,9 +27,7 @@ class AimSection(Section):
 
 @hookimpl
 def torchbay_register_trackers():
-    from torchbay_aim.tracker import AimTracker
-
-    return [AimTracker]
+    return [LazyClass("torchbay_aim.tracker:AimTracker", name="aim")]
 
 
 @hookimpl

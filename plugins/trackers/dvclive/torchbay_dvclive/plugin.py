@@ -14,10 +14,10 @@ from typing import Optional
 
 from pydantic import Field
 
-from torchbay.plugin import Section, hookimpl
+from torchbay.plugin import LazyClass, Section, hookimpl
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
-TORCHBAY_PLUGIN_API = (1, 0)
+TORCHBAY_PLUGIN_API = (1, 1)
 
 NAME = "dvclive"
 
@@ -32,9 +32,7 @@ class DVCLiveSection(Section):
 
 @hookimpl
 def torchbay_register_trackers():
-    from torchbay_dvclive.tracker import DVCLiveTracker
-
-    return [DVCLiveTracker]
+    return [LazyClass("torchbay_dvclive.tracker:DVCLiveTracker", name="dvclive")]
 
 
 @hookimpl

@@ -13,10 +13,10 @@ from typing import Optional
 
 from pydantic import Field
 
-from torchbay.plugin import Section, hookimpl
+from torchbay.plugin import LazyClass, Section, hookimpl
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
-TORCHBAY_PLUGIN_API = (1, 0)
+TORCHBAY_PLUGIN_API = (1, 1)
 
 NAME = "mlflow"
 
@@ -31,9 +31,7 @@ class MLflowSection(Section):
 
 @hookimpl
 def torchbay_register_trackers():
-    from torchbay_mlflow.tracker import MLflowTracker
-
-    return [MLflowTracker]
+    return [LazyClass("torchbay_mlflow.tracker:MLflowTracker", name="mlflow")]
 
 
 @hookimpl

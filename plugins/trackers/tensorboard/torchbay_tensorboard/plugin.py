@@ -11,10 +11,10 @@ from typing import Optional
 
 from pydantic import Field
 
-from torchbay.plugin import Section, hookimpl
+from torchbay.plugin import LazyClass, Section, hookimpl
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
-TORCHBAY_PLUGIN_API = (1, 0)
+TORCHBAY_PLUGIN_API = (1, 1)
 
 NAME = "tensorboard"
 
@@ -28,9 +28,7 @@ class TensorBoardSection(Section):
 
 @hookimpl
 def torchbay_register_trackers():
-    from torchbay_tensorboard.tracker import TensorBoardTracker
-
-    return [TensorBoardTracker]
+    return [LazyClass("torchbay_tensorboard.tracker:TensorBoardTracker", name="tensorboard")]
 
 
 @hookimpl

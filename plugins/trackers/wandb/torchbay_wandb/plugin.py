@@ -13,10 +13,10 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from torchbay.plugin import Section, hookimpl
+from torchbay.plugin import LazyClass, Section, hookimpl
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
-TORCHBAY_PLUGIN_API = (1, 0)
+TORCHBAY_PLUGIN_API = (1, 1)
 
 NAME = "wandb"
 
@@ -30,9 +30,7 @@ class WandbSection(Section):
 
 @hookimpl
 def torchbay_register_trackers():
-    from torchbay_wandb.tracker import WandbTracker
-
-    return [WandbTracker]
+    return [LazyClass("torchbay_wandb.tracker:WandbTracker", name="wandb")]
 
 
 @hookimpl
