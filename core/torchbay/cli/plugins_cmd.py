@@ -19,6 +19,7 @@ def rows(pm) -> list[dict]:
     rows_error = ""
     try:
         pm.registries()  # fills "registers"; a plugin failing here is marked failed
+        pm.load_every_registered()  # and one whose lazily registered class cannot be imported
         pm.config_sections()
         from torchbay.plugin.selection import probe_run_hooks
 

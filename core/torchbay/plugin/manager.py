@@ -331,6 +331,13 @@ class PluginManager(Contributions, pluggy.PluginManager):
             self._fail(self.info_of(plugin), "import", getattr(exc, "reason", str(exc)))
             return None
 
+    def load_every_registered(self) -> None:
+        """Import every lazily registered class now (``torchbay plugins`` does, to list a plugin whose class
+        cannot be imported as failed before a run selects it)."""
+        for registry in self.registries().values():
+            for entry in list(registry.values()):
+                self.load_registered(entry)
+
     def _clash(self, what: str, name: str, first: str, second: str, hook: str) -> None:
         owner = self.infos.get(first)
         by = (f"the built-in plugin '{first}'" if owner is not None and owner.distribution == "torchbay"
