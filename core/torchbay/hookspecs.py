@@ -19,6 +19,10 @@ selected :class:`~torchbay.plugin.DeviceBackend`, :class:`~torchbay.plugin.Strat
 only the selected object runs it, so no plugin asks "am I the selected one?".
 ``docs/architecture.md`` draws the path from config to those objects.
 
+Every ``torchbay_register_*`` hook may return, in place of a class,
+``torchbay.plugin.LazyClass("package.module:Class", name=...)`` (plugin API 1.1): the registry
+knows the name, and the class is imported only when a run selects it.
+
 Unless a hook says "first result wins", pluggy calls every implementation and returns the
 list of their non-``None`` results.
 
