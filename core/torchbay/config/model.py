@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Callable, Literal, Mapping, Optional, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import core_schema
 
 from torchbay.config.files import CONFIG_FILE_ENV
 
@@ -54,6 +55,48 @@ class Section(BaseModel):
     """Base of every config section: unknown keys are errors, values are checked on set."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
+
+
+class BuiltOnUse:
+    """The validation of a section field, in the tree's own validator: a section given as a mapping is validated
+    by its model, whose validator is built then (the first time); one given as an instance is taken as it is.
+
+    A validator that held every section's own would build all of them (about 1.5 ms each) in every run, for the
+    20-odd sections of the installed plugins, though a run gives input to few. Errors keep their place
+    (``fsdp.version``), unknown keys are still refused, and dumps and the JSON schema are the section's own.
+    """
+
+    def __get_pydantic_core_schema__(self, model: type[BaseModel], handler) -> core_schema.CoreSchema:
+        def validate(value: Any) -> BaseModel:
+            return value if isinstance(value, model) else model.model_validate(value)
+
+        def dump(value: BaseModel, info) -> Any:
+            return value.model_dump(mode=info.mode, by_alias=info.by_alias)
+
+        def json_schema(_schema, json_handler) -> dict:
+            model.model_rebuild()  # the schema only: `torchbay config schema`
+            return json_handler(model.__pydantic_core_schema__)
+
+        return core_schema.no_info_plain_validator_function(
+            validate, serialization=core_schema.plain_serializer_function_ser_schema(dump, info_arg=True),
+            metadata={"pydantic_js_functions": [json_schema]})
+
+
+SectionModel = TypeVar("SectionModel", bound=BaseModel)
+#: the annotation of a section field of the tree: ``LazySection[MySection]``
+LazySection = Annotated[SectionModel, BuiltOnUse()]
+
+
+def section_default(model: type[BaseModel]) -> Callable[[], BaseModel]:
+    """The default of a section field: the model's defaults, without building its validator (a model with a
+    model validator of its own is built and validated, so that the validator runs on its defaults too)."""
+    if model.__pydantic_decorators__.model_validators:
+        return model
+    return model.model_construct
+
+
+def section_field(model: type[BaseModel]) -> Any:
+    return Field(default_factory=section_default(model))
 
 
 class DataLoaderSection(Section):
@@ -171,13 +214,13 @@ class CoreConfig(Section):
     process_group_timeout_s: Optional[float] = Field(
         600.0, gt=0, description="seconds a collective waits for every rank before it fails (and torchbay launch "
                                  "reports where each rank was); null: torch's own default (30 min)")
-    dataloader: DataLoaderSection = Field(default_factory=DataLoaderSection)
-    project: ProjectSection = Field(default_factory=ProjectSection)
-    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
-    launch: LaunchSection = Field(default_factory=LaunchSection)
-    plugins: PluginsSection = Field(default_factory=PluginsSection)
-    tracking: TrackingSection = Field(default_factory=TrackingSection)
-    compile: CompileSection = Field(default_factory=CompileSection)
+    dataloader: LazySection[DataLoaderSection] = section_field(DataLoaderSection)
+    project: LazySection[ProjectSection] = section_field(ProjectSection)
+    checkpoint: LazySection[CheckpointSection] = section_field(CheckpointSection)
+    launch: LazySection[LaunchSection] = section_field(LaunchSection)
+    plugins: LazySection[PluginsSection] = section_field(PluginsSection)
+    tracking: LazySection[TrackingSection] = section_field(TrackingSection)
+    compile: LazySection[CompileSection] = section_field(CompileSection)
 
 
 def env_values(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import json
 import os
 from typing import Any, Mapping
 
-from pydantic import BaseModel, Field, ValidationError, create_model
+from pydantic import BaseModel, ValidationError, create_model
 
 from torchbay.axes.precision import by_mode, mode_install_hint
 from torchbay.config.files import CONFIG_FILE_ENV, load_yaml_file
@@ -17,10 +17,12 @@ from torchbay.config.model import (
     RENAMED_KEYS,
     RESOLVED_ENV,
     CoreConfig,
+    LazySection,
     ResolvedConfig,
     dotted_to_tree,
     env_values,
     merge,
+    section_field,
 )
 from torchbay.errors import ConfigError
 from torchbay.plugin.manager import get_plugin_manager
@@ -39,7 +41,7 @@ def config_model(pm=None) -> type[CoreConfig]:
         clashes = set(sections) & set(CoreConfig.model_fields)
         if clashes:
             raise ConfigError([f"a plugin's config section '{n}' clashes with a core key" for n in sorted(clashes)])
-        fields = {name: (model, Field(default_factory=model)) for name, model in sections.items()}
+        fields = {name: (LazySection[model], section_field(model)) for name, model in sections.items()}
         _models[key] = create_model("TorchbayConfig", __base__=CoreConfig, **fields)
     return _models[key]
 
