@@ -345,8 +345,7 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Acce
         the end of a run (also done at exit). A save still in flight is finished first (its
         error is raised once the process group is torn down)."""
         try:
-            self._checkpointer.finish_pending()
-            self._checkpointer.release_staging()
+            self._finish_checkpoints()
         finally:
             self._close_trackers_and_group()
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchbay.checkpoint.checkpointer import StateCheckpointer
 from torchbay.checkpoint.inputs import CheckpointServices, PreparedObjects, TrainingState
 
 
@@ -42,8 +41,24 @@ class CheckpointedState:
         self.prepared_objects = PreparedObjects()
         self.training_state = TrainingState(self.gradient_state, self.prepared_objects,
                                             save_iteration=self.config.project.iteration)
-        self._checkpointer = StateCheckpointer(CheckpointServices(self.context, self.checkpoint_io),
-                                               self.prepared_objects, self.training_state)
+        self._built_checkpointer = None
+
+    @property
+    def _checkpointer(self):
+        """The :class:`~torchbay.checkpoint.checkpointer.StateCheckpointer`, built (and its modules imported) at
+        the first save or load: a run that never checkpoints does not pay for them at start-up."""
+        if self._built_checkpointer is None:
+            from torchbay.checkpoint.checkpointer import StateCheckpointer
+
+            self._built_checkpointer = StateCheckpointer(CheckpointServices(self.context, self.checkpoint_io),
+                                                         self.prepared_objects, self.training_state)
+        return self._built_checkpointer
+
+    def _finish_checkpoints(self) -> None:
+        """Finish a save still in flight and free its staging memory (nothing to do before the first save)."""
+        if self._built_checkpointer is not None:
+            self._built_checkpointer.finish_pending()
+            self._built_checkpointer.release_staging()
 
     @property
     def save_iteration(self) -> int:
