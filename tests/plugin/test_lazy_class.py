@@ -93,7 +93,7 @@ def test_torchbay_plugins_imports_every_lazy_class_to_list_a_broken_one():
 
 def test_a_malformed_class_path_is_refused_at_once():
     with pytest.raises(ValueError, match="'package.module:ClassName'"):
-        LazyClass("torchbay_fsdp.strategy.FSDPStrategy", name="fsdp")
+        LazyClass("mypackage.strategy.MyStrategy", name="mystrategy")
 
 
 def test_a_default_run_imports_no_lazily_registered_class_of_the_installed_plugins():

@@ -63,7 +63,7 @@ class BuiltOnUse:
 
     A validator that held every section's own would build all of them (about 1.5 ms each) in every run, for the
     20-odd sections of the installed plugins, though a run gives input to few. Errors keep their place
-    (``fsdp.version``), unknown keys are still refused, and dumps and the JSON schema are the section's own.
+    (``mysection.key``), unknown keys are still refused, and dumps and the JSON schema are the section's own.
     """
 
     def __get_pydantic_core_schema__(self, model: type[BaseModel], handler) -> core_schema.CoreSchema:

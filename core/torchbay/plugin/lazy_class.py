@@ -7,7 +7,7 @@ that does not select the class never imports its module::
 
     @hookimpl
     def torchbay_register_strategies():
-        return [LazyClass("torchbay_fsdp.strategy:FSDPStrategy", name="fsdp")]
+        return [LazyClass("mypackage.strategy:MyStrategy", name="mystrategy")]
 
 The class is imported when the run selects it, or when anything reads one of its attributes other than
 ``name``/``engine`` (``priority``, ``is_available``, ``check``...). A module that cannot be imported, or a
