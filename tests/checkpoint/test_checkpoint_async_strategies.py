@@ -51,3 +51,15 @@ def test_a_save_that_cannot_start_on_rank_1_is_an_error_on_both_and_the_next_sav
         later = r["later"]
         assert later["published"] and later["changed"] and later["equal_at_call"] and not later["done_at_return"]
         assert r["warnings"] == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", [pytest.param("fsdp", id="fsdp2"), pytest.param("fsdp1", id="fsdp1")])
+def test_consecutive_fsdp_saves_reuse_their_host_staging_memory(tmp_path, script, strategy):
+    pytest.importorskip("torchbay_fsdp")
+    for r in _run(script, tmp_path, "--mode", "reuse", "--strategy", strategy):
+        assert not r["r1_done_at_return"] and not r["r2_done_at_return"] and r["every_weight_changed"]
+        assert r["same_ptrs"] and r["r1_nbytes"] == r["r2_nbytes"] > 0  # the second save allocated nothing
+        assert not r["r1_staged_live"] and not r["r2_staged_live"]  # the writers had copies, never live shards
+        assert r["r1_equal_at_call"] and r["r2_equal_at_call"]  # each loads as the state at its own call
+        assert r["released"] and r["warnings"] == []  # end_training dropped the staging memory

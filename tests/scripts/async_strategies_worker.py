@@ -3,6 +3,8 @@ gloo, CPU). Writes ``result_rank<r>.json`` into ``--out``.
 
 Modes (``--strategy ddp|fsdp|fsdp1``; fsdp1 is FSDP1, ``fsdp.version: 1``):
   state       async save, train on while it is written, wait, load: the checkpoint is the state at the call
+  reuse       two async saves, training between them: the second stages into the host memory of the first
+              (same data pointers, none of them a live tensor's) and each checkpoint loads as the state at its call
   start_fail  the state cannot be taken on rank 1 only (``--inject extra``: a plugin's per-rank extra state
               raises there; ``--inject model``: a hook on the prepared model's state dict raises there): every
               rank gets the error, nothing is published, no writer is left running, and the next asynchronous
@@ -21,7 +23,7 @@ import threading
 import torch
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--mode", required=True, choices=["state", "start_fail"])
+parser.add_argument("--mode", required=True, choices=["state", "reuse", "start_fail"])
 parser.add_argument("--strategy", required=True, choices=["ddp", "fsdp", "fsdp1"])
 parser.add_argument("--inject", default="model", choices=["extra", "model"])
 parser.add_argument("--ckpt", required=True)
@@ -125,6 +127,43 @@ def saved_as_at_the_call(name: str) -> dict:
             "equal_at_call": same(expected)}
 
 
+def live_ptrs() -> set[int]:
+    """Where this rank's live shards (parameters, optimizer state) start."""
+    def local(t):
+        if hasattr(t, "to_local"):
+            return t.to_local()
+        return t.local_shards()[0].tensor if hasattr(t, "local_shards") and t.local_shards() else t
+
+    tensors = list(model.parameters()) + [v for s in getattr(opt, "optimizer", opt).state.values() for v in s.values()
+                                          if torch.is_tensor(v)]
+    return {local(t).data_ptr() for t in tensors}
+
+
+def reuse() -> dict:
+    """Two async saves with training between and after them; the staged memory of each, checked after its wait."""
+    expected, ptrs, out = [], [], {}
+    for name in ("r1", "r2"):
+        expected.append(snapshot())
+        handle = acc.save_state(os.path.join(args.ckpt, name), blocking=False)  # r2: waits for r1 first
+        out[f"{name}_done_at_return"] = handle.done()
+        train(2)  # every shard changes while the save is written
+        staging = acc.strategy._checkpoint_staging
+        ptrs.append(staging.data_ptrs())
+        out[f"{name}_staged_live"] = bool(set(ptrs[-1].values()) & live_ptrs())
+        out[f"{name}_nbytes"] = staging.nbytes()
+    handle.wait()
+    weights = [e[0] for e in expected] + [snapshot()[0]]
+    out["every_weight_changed"] = all(not torch.equal(weights[i][k], weights[i + 1][k])
+                                      for i in range(2) for k in weights[i])
+    out["same_ptrs"] = ptrs[0] == ptrs[1] and len(ptrs[0]) > 0
+    for i, name in enumerate(("r1", "r2")):
+        acc.load_state(os.path.join(args.ckpt, name))
+        out[f"{name}_equal_at_call"] = same(expected[i])
+    acc.end_training()
+    out["released"] = getattr(acc.strategy, "_checkpoint_staging", None) is None
+    return out
+
+
 def writers() -> list[str]:
     """Threads other than the main one still alive (a write that started on one rank only would be one)."""
     return sorted(t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive())
@@ -134,6 +173,8 @@ train(2)
 result: dict = {"world": acc.num_processes}
 if args.mode == "state":
     result.update(saved_as_at_the_call("a"))
+elif args.mode == "reuse":
+    result.update(reuse())
 else:
     ARMED.set()
     result["raised_at"] = result["error"] = None
@@ -153,6 +194,7 @@ else:
     train(1)
     result["later"] = saved_as_at_the_call("later")
 result["warnings"] = [m for m in messages if "saves synchronously here" in m]
-acc.end_training()
+if args.mode != "reuse":  # reuse ended training itself
+    acc.end_training()
 with open(os.path.join(args.out, f"result_rank{acc.process_index}.json"), "w") as f:
     json.dump(result, f)

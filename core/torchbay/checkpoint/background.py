@@ -154,3 +154,6 @@ class BackgroundSaving:
 
     def release_staging(self) -> None:
         self._stage = None
+        release = getattr(self.run.strategy, "release_checkpoint_staging", None)  # a strategy's own (start_checkpoint)
+        if release is not None:
+            release()

@@ -71,6 +71,10 @@ class FullStateCheckpoint:
         """
         raise NotImplementedError
 
+    def release_checkpoint_staging(self) -> None:
+        """Drop the host memory :meth:`start_checkpoint` keeps from one save to the next, if any (at
+        ``end_training``, once no save is in flight)."""
+
     @staticmethod
     def _save_optimizers(directory: Path, optimizers: list) -> list[str]:
         for i, opt in enumerate(optimizers):

@@ -116,6 +116,7 @@ class FSDPCheckpoint:
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.pop("_checkpoint_groups", None)  # process groups of this process: they do not pickle
+        state.pop("_checkpoint_staging", None)  # host memory of this process's asynchronous saves
         return state
 
     def can_start_checkpoint(self) -> bool:
@@ -123,13 +124,14 @@ class FSDPCheckpoint:
 
     def start_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO, *,
                          owners: list[int | None] | None = None):
-        """Copy this rank's shards of each model and optimizer to host memory in the call; once every
-        rank holds its copy, write each with DCP in a thread of its own, whose collectives run on a
-        gloo group of that save's own (created once, by every rank, on the main thread), never the
-        training's (:mod:`torchbay_fsdp.async_checkpoint`)."""
+        """Copy this rank's shards of each model and optimizer to host memory in the call (the memory of
+        the last save, reused unless a write from it still runs); once every rank holds its copy, write
+        each with DCP in a thread of its own, whose collectives run on a gloo group of that save's own
+        (created once, by every rank, on the main thread), never the training's
+        (:mod:`torchbay_fsdp.async_checkpoint`)."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-        from torchbay_fsdp.async_checkpoint import AgreedStart
+        from torchbay_fsdp.async_checkpoint import AgreedStart, HostStaging
 
         groups = self.__dict__.setdefault("_checkpoint_groups", {})
 
@@ -138,13 +140,20 @@ class FSDPCheckpoint:
                 groups[stem] = dist.new_group(backend="gloo")
             return groups[stem]
 
-        writes = AgreedStart(self, directory)
+        staging = self.__dict__.get("_checkpoint_staging")
+        if staging is None or staging.in_use():  # a write still reading it keeps it: stage into new memory
+            staging = HostStaging(pin_memory=bool(getattr(self.device_backend, "pinned_staging", False)))
+            self._checkpoint_staging = staging
+        writes = AgreedStart(self, directory, staging)
         for i, model in enumerate(models):
             writes.stage(model_dir(i), lambda model=model: get_model_state_dict(model))
         for j, opt in enumerate(optimizers):
             writes.stage(optimizer_dir(j), lambda j=j, opt=opt: get_optimizer_state_dict(
                 self._owner(j, models, owners, optimizers), getattr(opt, "optimizer", opt)))
         return writes.start(group, lambda: self._write_info(directory, models, optimizers))
+
+    def release_checkpoint_staging(self) -> None:
+        self.__dict__.pop("_checkpoint_staging", None)  # writes still running keep their own references
 
     def load_checkpoint(self, directory: Path, models: list, optimizers: list, io: CheckpointIO,
                         read: Any = None, *, owners: list[int | None] | None = None) -> None:
