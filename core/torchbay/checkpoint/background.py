@@ -154,6 +154,4 @@ class BackgroundSaving:
 
     def release_staging(self) -> None:
         self._stage = None
-        release = getattr(self.run.strategy, "release_checkpoint_staging", None)  # a strategy's own (start_checkpoint)
-        if release is not None:
-            release()
+        self.run.strategy.release_checkpoint_staging()  # what a strategy's own start_checkpoint kept
