@@ -221,6 +221,9 @@ def publish(partial: Path, final: Path) -> None:
     _, old = siblings(final)
     (partial / PARTIAL_MARKER).unlink(missing_ok=True)
     fsync_tree_dirs(partial)
+    wait_for_removals(old)  # the checkpoint the last save to this name replaced may still be being removed
+    if old.is_dir() and not old.is_symlink() and final.exists() and _complete_manifest(old) is not None:
+        remove_own_checkpoint(old, f"replaced by an earlier save to {final}; its removal had failed")  # retried
     if old.exists() or old.is_symlink():
         raise CheckpointError(f"{old} exists; torchbay needs this name to publish {final}: move it away")
     replaced = final.exists()
@@ -230,11 +233,16 @@ def publish(partial: Path, final: Path) -> None:
     fsync_dir(final.parent)
     if replaced:  # unlinking large files is slow: the caller goes on while it happens
         thread = threading.Thread(target=_remove_in_background, args=(old, final), name="torchbay-remove-old")
-        _removals.append(thread)
+        _removals[_key(old)] = thread
         thread.start()
 
 
-_removals: list[threading.Thread] = []
+#: the removal in flight of each replaced checkpoint (``<final>.old``), by its absolute path
+_removals: dict[str, threading.Thread] = {}
+
+
+def _key(path: Path) -> str:
+    return os.path.abspath(path)
 
 
 def _remove_in_background(old: Path, final: Path) -> None:
@@ -244,17 +252,32 @@ def _remove_in_background(old: Path, final: Path) -> None:
         log.warning("torchbay: could not remove %s after publishing %s: %s", old, final, exc)
 
 
-def wait_for_removals() -> None:
-    """Wait until replaced checkpoints are removed (a non-daemon thread also finishes at exit)."""
-    while _removals:
-        _removals.pop().join()
+def wait_for_removals(old: Path | None = None) -> None:
+    """Wait until the replaced checkpoint ``old`` is removed, or every one when ``old`` is None (a non-daemon
+    thread also finishes at exit)."""
+    for key in [_key(old)] if old is not None else list(_removals):
+        thread = _removals.pop(key, None)
+        if thread is not None:
+            thread.join()
+
+
+def _being_removed(old: Path) -> bool:
+    thread = _removals.get(_key(old))
+    return thread is not None and thread.is_alive()
 
 
 def recover_interrupted_save(final: Path) -> None:
-    """Finish or undo a save to ``final`` that a crash interrupted; never loses a complete checkpoint."""
-    wait_for_removals()
+    """Finish or undo a save to ``final`` that a crash interrupted; never loses a complete checkpoint.
+
+    A ``<final>.old`` that this process is removing (the checkpoint the last save to ``final`` replaced, once
+    that save was published) is no interrupted save: it is left to its removal, which :func:`publish` waits for
+    before it needs the name. A save does not wait for it here, so it does not stall on unlinking large files.
+    """
     partial, old = siblings(final)
-    for path in (partial, old):
+    removing_old = _being_removed(old)
+    if not removing_old:
+        wait_for_removals(old)  # a finished one: forget it
+    for path in (partial,) if removing_old else (partial, old):
         if path.is_symlink() or (path.exists() and not path.is_dir()):
             raise CheckpointError(f"{path} exists and is not a torchbay directory; torchbay uses this name while "
                                   f"saving {final}: move it away")
@@ -262,10 +285,12 @@ def recover_interrupted_save(final: Path) -> None:
     if partial.is_dir() and not partial_complete and not _is_own_partial(partial):
         raise CheckpointError(f"{partial} was not created by torchbay (no {PARTIAL_MARKER}); torchbay uses this "
                               f"name while saving: move it away")
-    if old.is_dir() and any(old.iterdir()) and _complete_manifest(old) is None:
+    if removing_old:
+        pass  # what the last published save replaced: publish() waits for its removal before it needs the name
+    elif old.is_dir() and any(old.iterdir()) and _complete_manifest(old) is None:
         raise CheckpointError(f"{old} is not a torchbay checkpoint; torchbay uses this name while saving "
                               f"{final}: move it away")
-    if old.is_dir() and final.exists():
+    elif old.is_dir() and final.exists():
         # the interrupted save had published; what it replaced is left
         remove_own_checkpoint(old, f"left by an interrupted save; {final} is newer")
     elif old.is_dir():

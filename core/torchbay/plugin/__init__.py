@@ -37,6 +37,7 @@ _SOURCES = {
     "torchbay.checkpoint.files": ["file_record", "fsync_dir", "dcp_files_of_rank"],
     "torchbay.checkpoint.publish": ["read_manifest", "remove_own_checkpoint"],
     "torchbay.checkpoint.checkpointer": ["publish_model"],
+    "torchbay.checkpoint.async_save": ["StagingBuffer"],
     "torchbay.accelerator.prepared": ["PreparedScheduler"],
     "torchbay.errors": ["TorchbayError", "ConfigError", "CheckpointError", "IncompatibleSetupError", "PluginError",
                         "LaunchError"],

@@ -11,7 +11,8 @@ is loaded with a warning (it may use a hook or name this torchbay lacks), and an
 is loaded silently.
 
 History: 1.0 (round 3); 1.1 adds :class:`~torchbay.plugin.LazyClass` (a registration hook may name a class by its
-import path, so that a run that does not select it never imports it).
+import path, so that a run that does not select it never imports it), ``StagingBuffer`` (the host copy an
+asynchronous save reuses) and ``Strategy.release_checkpoint_staging``.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ from typing import Any, Callable
 
 import torch
 
-from torchbay.checkpoint.async_save import StagingBuffer
 from torchbay.errors import CheckpointError
+from torchbay.plugin import StagingBuffer
 
 
 class ShardStaging(StagingBuffer):
