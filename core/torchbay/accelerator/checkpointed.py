@@ -26,6 +26,18 @@ def _prepared_list(kind: str) -> property:
     return property(get, set_, doc=f"Accelerate's ``_{kind}``: ``prepared_objects.{kind}`` (the same list).")
 
 
+def _training_counter(name: str, doc: str) -> property:
+    """A counter of ``training_state`` read and set under the same name on the Accelerator."""
+
+    def get(self) -> int:
+        return getattr(self.training_state, name)
+
+    def set_(self, value: int) -> None:
+        setattr(self.training_state, name, value)
+
+    return property(get, set_, doc=doc)
+
+
 class CheckpointedState:
     """Mixin of :class:`~torchbay.accelerator.accelerator.Accelerator`: owns the prepared objects and the training
     state, and gives them (with the run's selected objects, never the Accelerator) to its checkpointer."""
@@ -35,6 +47,10 @@ class CheckpointedState:
     _schedulers = _prepared_list("schedulers")
     _dataloaders = _prepared_list("dataloaders")
     _custom_objects = _prepared_list("custom_objects")
+    save_iteration = _training_counter("save_iteration", "The number of the next automatic checkpoint "
+                                                         "(``checkpoint_<n>``).")
+    tracker_step = _training_counter("tracker_step", "The step ``log`` uses when it is given none (saved with the "
+                                                     "training state).")
 
     def _setup_checkpointing(self) -> None:
         """Once the context, the checkpoint io and the gradient state exist."""
@@ -59,21 +75,3 @@ class CheckpointedState:
         if self._built_checkpointer is not None:
             self._built_checkpointer.finish_pending()
             self._built_checkpointer.release_staging()
-
-    @property
-    def save_iteration(self) -> int:
-        """The number of the next automatic checkpoint (``checkpoint_<n>``)."""
-        return self.training_state.save_iteration
-
-    @save_iteration.setter
-    def save_iteration(self, value: int) -> None:
-        self.training_state.save_iteration = value
-
-    @property
-    def tracker_step(self) -> int:
-        """The step ``log`` uses when it is given none (saved with the training state)."""
-        return self.training_state.tracker_step
-
-    @tracker_step.setter
-    def tracker_step(self, value: int) -> None:
-        self.training_state.tracker_step = value

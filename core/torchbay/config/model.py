@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, Callable, Literal, Mapping, Optional, TypeVar, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import core_schema
@@ -87,16 +87,11 @@ SectionModel = TypeVar("SectionModel", bound=BaseModel)
 LazySection = Annotated[SectionModel, BuiltOnUse()]
 
 
-def section_default(model: type[BaseModel]) -> Callable[[], BaseModel]:
-    """The default of a section field: the model's defaults, without building its validator (a model with a
-    model validator of its own is built and validated, so that the validator runs on its defaults too)."""
-    if model.__pydantic_decorators__.model_validators:
-        return model
-    return model.model_construct
-
-
 def section_field(model: type[BaseModel]) -> Any:
-    return Field(default_factory=section_default(model))
+    """The field of a section: its default is the model's defaults, without building its validator (a model with
+    a model validator of its own is built and validated, so that the validator runs on its defaults too)."""
+    defaults = model if model.__pydantic_decorators__.model_validators else model.model_construct
+    return Field(default_factory=defaults)
 
 
 class DataLoaderSection(Section):

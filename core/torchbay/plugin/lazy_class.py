@@ -38,25 +38,29 @@ class LazyClass:
     def load(self) -> type:
         """The class itself (imported on the first call), checked against the registered name and engine."""
         if self._class is None:
-            plugin = self.__dict__.get("_torchbay_plugin", "?")
             module, _, attribute = self.target.partition(":")
             try:
                 cls = getattr(importlib.import_module(module), attribute)
             except Exception as exc:
                 raise self._error(f"its class {self.target} (registered as '{self.name}') cannot be imported "
                                   f"({type(exc).__name__}: {exc})", f"reinstall its distribution, or block it "
-                                  f"with -p no:{plugin}") from exc
+                                  f"with -p no:{self._owner}") from exc
             declared = (getattr(cls, "name", None), getattr(cls, "engine", None))
             if declared != (self.name, self.engine):
                 raise self._error(f"it registered {self.target} as name={self.name!r}, engine={self.engine!r}, "
                                   f"but the class declares name={declared[0]!r}, engine={declared[1]!r}",
                                   "the plugin must register the class under the class's own name and engine")
-            cls._torchbay_plugin = plugin
+            cls._torchbay_plugin = self._owner
             self._class = cls
         return self._class
 
+    @property
+    def _owner(self) -> str:
+        """The plugin that registered it (the plugin manager sets it when it collects the registrations)."""
+        return self.__dict__.get("_torchbay_plugin", "?")
+
     def _error(self, reason: str, fix: str) -> PluginError:
-        error = PluginError(f"plugin '{self.__dict__.get('_torchbay_plugin', '?')}': {reason}; {fix}")
+        error = PluginError(f"plugin '{self._owner}': {reason}; {fix}")
         error.reason = reason  # what the plugin manager's own message says
         return error
 

@@ -36,7 +36,7 @@ from torchbay.errors import PluginError, TorchbayError
 from torchbay.plugin import api_version
 from torchbay.plugin.contributions import Contributions
 from torchbay.plugin.info import PluginInfo, _describe, _env_list, _own_version
-from torchbay.plugin.lazy_class import LazyClass, loaded
+from torchbay.plugin.lazy_class import loaded
 
 ENTRY_POINT_GROUP = "torchbay"
 hookimpl = pluggy.HookimplMarker("torchbay")
@@ -324,11 +324,8 @@ class PluginManager(Contributions, pluggy.PluginManager):
         as a failing hook does (a run that selected the class reports the plugin's message)."""
         try:
             return loaded(entry)
-        except PluginError as exc:
-            if not isinstance(entry, LazyClass):
-                raise
-            plugin = entry.__dict__.get("_torchbay_plugin", "?")
-            self._fail(self.info_of(plugin), "import", getattr(exc, "reason", str(exc)))
+        except PluginError as exc:  # only a LazyClass raises it
+            self._fail(self.info_of(getattr(entry, "_torchbay_plugin", "?")), "import", exc.reason)
             return None
 
     def load_every_registered(self) -> None:

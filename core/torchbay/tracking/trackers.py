@@ -179,8 +179,8 @@ def select_trackers(names: Iterable[str], registry: Mapping[str, type[GeneralTra
     for name in names:
         if name == ALL:
             for cls in registry.values():
-                if not _reason(cls) and loaded(cls) not in chosen:
-                    chosen.append(loaded(cls))
+                if not _reason(cls) and (cls := loaded(cls)) not in chosen:
+                    chosen.append(cls)
             continue
         cls = registry.get(name)
         if cls is None:
@@ -192,8 +192,8 @@ def select_trackers(names: Iterable[str], registry: Mapping[str, type[GeneralTra
         reason = _reason(cls)
         if reason:
             problems.append(f"{setting}: tracker '{name}' cannot run here: {reason}")
-        elif loaded(cls) not in chosen:  # a class registered lazily was imported by _reason
-            chosen.append(loaded(cls))
+        elif (cls := loaded(cls)) not in chosen:  # a class registered lazily was imported by _reason
+            chosen.append(cls)
     return chosen, problems
 
 
