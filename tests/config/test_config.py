@@ -22,6 +22,18 @@ def test_defaults():
     assert resolved.source_of("mixed_precision") == "default"
 
 
+def test_defaults_without_input_equal_the_validated_defaults():
+    """With no input the tree is built without its validator; it must be what validating no input gives, for every
+    section of the installed plugins, and it still validates what is set on it afterwards."""
+    from torchbay.config.resolve import config_model
+
+    resolved = resolve_config(environ={})
+    assert resolved.config == config_model().model_validate({})
+    assert resolved.config.model_dump() == config_model().model_validate({}).model_dump()
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        resolved.config.gradient_accumulation_steps = 0
+
+
 def test_precedence_and_provenance(tmp_path):
     path = write(tmp_path, "mixed_precision: fp16\ngradient_accumulation_steps: 2\nseed: 1\n"
                            "dataloader:\n  even_batches: false\n")
