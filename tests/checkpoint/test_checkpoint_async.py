@@ -147,6 +147,22 @@ def test_load_state_and_end_training_wait_for_a_save_in_flight(tmp_path, monkeyp
     assert handle.done() and (tmp_path / "end" / ckdir.MANIFEST).is_file()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="only Linux gives a thread its own CPU priority")
+@pytest.mark.parametrize("nice", [None, 0, 19])
+def test_the_background_writer_runs_below_the_loops_priority(tmp_path, monkeypatch, nice):
+    gate = Gate(monkeypatch)
+    acc, model, opt, sched = setup(**({} if nice is None else {"config": {"checkpoint.async_writer_nice": nice}}))
+    loop = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    handle = acc.save_state(str(tmp_path / "ckpt"), blocking=False)
+    assert gate.reached.wait(60)
+    writer = next(t for t in threading.enumerate() if t.name.startswith("torchbay-save-"))
+    assert os.getpriority(os.PRIO_PROCESS, writer.native_id) == min(loop + (10 if nice is None else nice), 19)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == loop  # the loop's own is unchanged
+    gate.open()
+    handle.wait()
+    acc.end_training()
+
+
 def test_a_failed_background_write_is_raised_by_wait_and_publishes_nothing(tmp_path):
     acc, model, opt, sched = setup()
 

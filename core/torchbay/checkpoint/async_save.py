@@ -19,6 +19,8 @@ from __future__ import annotations
 import atexit
 import copy
 import logging
+import os
+import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -175,9 +177,10 @@ class AsyncSave:
         return f"<AsyncSave {self.path} {state}>"
 
     # -- torchbay's side ------------------------------------------------------------------
-    def start(self, work: Callable[[], None]) -> None:
+    def start(self, work: Callable[[], None], nice: int = 0) -> None:
         def run() -> None:
             try:
+                lower_thread_priority(nice)
                 work()
             except BaseException as exc:  # kept for wait(); never lost
                 self.error = exc
@@ -195,6 +198,19 @@ class AsyncSave:
         if self._thread is not None:
             self._thread.join()
         _in_flight.discard(self)
+
+
+def lower_thread_priority(increment: int) -> None:
+    """Lower the calling thread's CPU priority by ``increment`` (Linux, where a thread has its own nice value;
+    elsewhere the call would change the whole process's, so it does nothing). A writer that shares busy cores
+    with the training loop then lets the loop go first; on idle cores it runs as fast as before."""
+    if increment <= 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + increment)
+    except OSError as exc:  # a sandbox that forbids it: the write goes on at the loop's priority
+        log.debug("torchbay: could not lower the checkpoint writer's priority: %s", exc)
 
 
 def completed(path: Path) -> AsyncSave:

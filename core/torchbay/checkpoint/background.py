@@ -111,7 +111,7 @@ class BackgroundSaving:
                 raise
 
         self._pending = handle
-        handle.start(work)
+        handle.start(work, nice=run.config.checkpoint.async_writer_nice)
         return handle
 
     def _finish_background(self, handle: AsyncSave) -> None:

@@ -123,6 +123,10 @@ class CheckpointSection(Section):
     async_save: bool = Field(False, description="automatic checkpoints (save_state() with project."
                                                 "automatic_checkpoint_naming) are written in the background, as "
                                                 "save_state(blocking=False): the state is copied in the call")
+    async_writer_nice: int = Field(10, ge=0, le=19, description="how much lower the CPU priority of the writer of "
+                                                               "save_state(blocking=False) is than the training "
+                                                               "loop's (a nice increment, Linux): on busy cores the "
+                                                               "loop goes first; 0: the same priority")
 
 
 class LaunchSection(Section):
