@@ -100,3 +100,19 @@ def test_a_removal_that_fails_while_the_next_save_runs_is_retried_when_it_publis
     acc.load_state(target)
     assert torch.equal(model.weight, expected)
     acc.end_training()
+
+
+def test_end_training_waits_for_the_removal_of_what_a_save_replaced(tmp_path, held_removals):
+    acc, model = prepared()
+    target = tmp_path / "ckpt"
+    acc.save_state(target)
+    acc.save_state(target)  # replaces the first: its removal starts, held
+    _, old = siblings(target)
+    ended = threading.Thread(target=acc.end_training)
+    ended.start()
+    ended.join(1)
+    assert ended.is_alive() and old.is_dir(), "end_training returned while the replaced checkpoint was being removed"
+    held_removals.set()
+    ended.join(30)
+    assert not ended.is_alive() and not old.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # nothing of torchbay's changes after it returns
