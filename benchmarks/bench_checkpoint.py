@@ -19,7 +19,8 @@ after it they must equal what was saved, bit for bit (the benchmark stops if not
 
 Asynchronous tables come first: a 24-step loop with a save every 6 steps, synchronous saves
 against ``save_state(blocking=False)`` (the stall inside the call, and the time each adds to the loop),
-with 1 process (``--async-mb``) and with FSDP2 over 2 processes (half that size; launched here through
+with 1 process (``--async-mb``) and with FSDP2 over 2 processes and over 1 (half that size; on a 2-core machine
+the 2 processes leave a background writer no core of its own, the 1 leaves it one; launched here through
 torch.distributed.run, or by hand as below).
 
     python benchmarks/bench_checkpoint.py [--mb 200] [--rounds 7] [--memory-rounds 3]
@@ -220,12 +221,17 @@ def async_table(mb: int, rounds: int, steps: int = 24, every: int = 6, strategy:
     added = {n: statistics.median(loops[n]) - base for n in variants[1:]}
     stall = {n: statistics.median(stalls[n]) for n in variants[1:]}
     size = mb_of_model
-    where = "1 process" if strategy == "single" else f"{strategy}, {world} processes (rank 0's times)"
-    lines = [f"### Checkpoints: asynchronous save_state (blocking=False), {strategy}", "",
+    processes = f"{world} process" + ("es" if world > 1 else "")
+    where = processes if strategy == "single" else f"{strategy}, {processes} (rank 0's times)"
+    cores = os.cpu_count() or 1
+    room = (f"the {world} processes take all {cores} cores: a background writer can only run on time it takes from "
+            f"the loop" if world >= cores else
+            f"{cores - world} of the {cores} cores free for the background writer")
+    lines = [f"### Checkpoints: asynchronous save_state (blocking=False), {strategy}, {processes}", "",
              f"Model {size:.0f} MiB (Linear({WIDTH}) layers) + AdamW state {2 * size:.0f} MiB, {where}, 1 thread; "
-             f"{steps} steps with a save every {every}, into two folders in turn (each save replaces a checkpoint); "
-             f"the loop's time includes waiting for its last save to be published. Medians over {rounds} "
-             f"interleaved rounds after one warm-up round.", "",
+             f"{room}. {steps} steps with a save every {every}, into two folders in turn (each save replaces a "
+             f"checkpoint); the loop's time includes waiting for its last save to be published. Medians over "
+             f"{rounds} interleaved rounds after one warm-up round.", "",
              "| path | sync save | async save | async / sync | target |", "|---|---|---|---|---|",
              f"| time inside the save call (stall) | {stall['sync save']:.3f} s | {stall['async save']:.3f} s | "
              f"{stall['async save'] / stall['sync save']:.2f}x | <= 0.25x |",
@@ -238,12 +244,12 @@ def async_table(mb: int, rounds: int, steps: int = 24, every: int = 6, strategy:
             out.write(json.dumps({"title": "Checkpoints: asynchronous save_state", "markdown": text}) + "\n")
 
 
-def fsdp_async_table(mb: int, rounds: int) -> None:
-    """The asynchronous table again for FSDP2 with 2 processes, launched by torch.distributed.run (rank 0 adds its
-    table to the same results file)."""
+def fsdp_async_table(mb: int, rounds: int, processes: int) -> None:
+    """The asynchronous table again for FSDP2 with ``processes`` processes, launched by torch.distributed.run (rank 0
+    adds its table to the same results file)."""
     import subprocess
 
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
                os.path.abspath(__file__), "--async-strategy", "fsdp", "--async-mb", str(mb),
                "--async-rounds", str(rounds)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -264,7 +270,7 @@ def main():
     parser.add_argument("--async-rounds", type=int, default=3, help="rounds of the asynchronous-save table")
     parser.add_argument("--only", choices=("sync", "async"), help="only one of the tables")
     parser.add_argument("--async-strategy", default="single", choices=("single", "fsdp"),
-                        help="fsdp: the asynchronous table only, under torchrun --nproc-per-node 2")
+                        help="fsdp: the asynchronous table only, under torchrun (--nproc-per-node 1 or 2)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.async_strategy != "single":
@@ -272,7 +278,8 @@ def main():
         return
     if args.only != "sync":
         async_table(args.async_mb, args.async_rounds)
-        fsdp_async_table(args.async_mb // 2, args.async_rounds)
+        for processes in (2, 1):  # 2 processes take both cores of a 2-core machine; 1 leaves the writer a core
+            fsdp_async_table(args.async_mb // 2, args.async_rounds, processes)
     if args.only == "async":
         return
     names = ["raw"] + (["accelerate"] if accelerate_available() else []) + ["torchbay"]
