@@ -34,18 +34,19 @@ def removal_running() -> bool:
     return any(t.name == "torchbay-remove-old" and t.is_alive() for t in threading.enumerate())
 
 
-def prepared():
+def saved_twice(tmp_path):
+    """A prepared model saved twice to one folder: the second save replaced the first, whose removal has started
+    (held). Returns the accelerator, the model, the folder and the replaced checkpoint's ``.old`` name."""
     acc = Accelerator()
-    model = torch.nn.Linear(64, 64)
-    return acc, acc.prepare(model)
+    model = acc.prepare(torch.nn.Linear(64, 64))
+    target = tmp_path / "ckpt"
+    acc.save_state(target)
+    acc.save_state(target)
+    return acc, model, target, siblings(target)[1]
 
 
 def test_a_save_does_not_wait_for_the_removal_of_what_the_last_save_replaced(tmp_path, held_removals):
-    acc, model = prepared()
-    target = tmp_path / "ckpt"
-    acc.save_state(target)
-    acc.save_state(target)  # replaces the first: its removal starts, held
-    _, old = siblings(target)
+    acc, model, target, old = saved_twice(tmp_path)
     assert old.is_dir() and removal_running()
 
     started = threading.Thread(target=publish.recover_interrupted_save, args=(target,))
@@ -71,10 +72,7 @@ def test_a_save_does_not_wait_for_the_removal_of_what_the_last_save_replaced(tmp
 
 def test_a_removal_that_fails_while_the_next_save_runs_is_retried_when_it_publishes(tmp_path, held_removals,
                                                                                       monkeypatch, caplog):
-    acc, model = prepared()
-    target = tmp_path / "ckpt"
-    acc.save_state(target)
-    acc.save_state(target)  # replaces the first: its removal starts, held
+    acc, model, target, old = saved_twice(tmp_path)
     remove = publish.remove_own_checkpoint
     failures = []
 
@@ -92,7 +90,6 @@ def test_a_removal_that_fails_while_the_next_save_runs_is_retried_when_it_publis
     held_removals.set()  # ... which then fails
     handle.wait()  # the publish removes the stale checkpoint itself, then replaces the current one
     wait_for_removals()
-    _, old = siblings(target)
     assert failures == [old] and "could not remove" in caplog.text
     assert not old.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     with torch.no_grad():
@@ -103,11 +100,7 @@ def test_a_removal_that_fails_while_the_next_save_runs_is_retried_when_it_publis
 
 
 def test_end_training_waits_for_the_removal_of_what_a_save_replaced(tmp_path, held_removals):
-    acc, model = prepared()
-    target = tmp_path / "ckpt"
-    acc.save_state(target)
-    acc.save_state(target)  # replaces the first: its removal starts, held
-    _, old = siblings(target)
+    acc, model, target, old = saved_twice(tmp_path)
     ended = threading.Thread(target=acc.end_training)
     ended.start()
     ended.join(1)
