@@ -71,11 +71,6 @@ class CheckpointedState:
         return self._built_checkpointer
 
     def _finish_checkpoints(self) -> None:
-        """Finish a save still in flight, free its staging memory and wait for the removal of the checkpoints the
-        saves replaced: after ``end_training`` no file of torchbay's changes (nothing to do before the first save)."""
+        """The checkpointer's end (a save in flight, staging memory, removals); nothing to do before the first save."""
         if self._built_checkpointer is not None:
-            self._built_checkpointer.finish_pending()
-            self._built_checkpointer.release_staging()
-            from torchbay.checkpoint.publish import wait_for_removals
-
-            wait_for_removals()
+            self._built_checkpointer.end()

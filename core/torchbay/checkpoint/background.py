@@ -152,6 +152,10 @@ class BackgroundSaving:
         if handle is not None:
             handle.wait()
 
-    def release_staging(self) -> None:
+    def end(self) -> None:
+        """At ``end_training``: finish the save in flight, free the staging memory and wait for the removal of the
+        checkpoints the saves replaced, so that no file of torchbay's changes afterwards."""
+        self.finish_pending()
         self._stage = None
         self.run.strategy.release_checkpoint_staging()  # what a strategy's own start_checkpoint kept
+        ckdir.wait_for_removals()
