@@ -53,6 +53,7 @@ _EXPORTS = {
                                                 "TorchTensorParallelConfig"],
     "torchbay.launch.notebook": ["clear_environment", "debug_launcher", "notebook_launcher", "patch_environment"],
     "torchbay.compat.names": ["is_habana_gaudi1"],
+    "torchbay.compat.environment": ["purge_accelerate_environment"],
     "torchbay.compat.helpers": ["CannotPadNestedTensorWarning", "PrecisionType", "RNGType", "TensorInformation",
                          "check_os_kernel", "compare_versions", "convert_bytes",
                          "dtype_byte_size", "extract_model_from_parallel",

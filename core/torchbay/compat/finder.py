@@ -30,7 +30,7 @@ import sys
 import types
 from typing import Any, Iterator
 
-from torchbay.errors import ConfigError
+from torchbay.errors import ConfigError, UnsupportedAPIError
 
 #: the environment variable that switches the serving on, in every process that sees it
 SWITCH_ENV = "TORCHBAY_AS_ACCELERATE"
@@ -68,8 +68,16 @@ def served_modules() -> dict[str, str]:
     accelerate.utils name); their names are listed in compat/resources/library_names.yaml."""
     from torchbay.config.files import read_packaged_yaml
 
+    from torchbay.compat import surface
+
     submodules = read_packaged_yaml("torchbay", LIBRARY_NAMES)["utils_submodules"]
-    return {**MODULES, **{f"accelerate.utils.{name}": "torchbay.utils" for name in submodules}}
+    served = {**MODULES, **{f"accelerate.utils.{name}": "torchbay.utils" for name in submodules}}
+    for module in surface.modules():  # the rest of Accelerate's modules: their nearest served parent answers
+        parent = module
+        while parent not in served and "." in parent:
+            parent = parent.rpartition(".")[0]
+        served.setdefault(module, served.get(parent, "torchbay"))
+    return served
 
 
 #: everything under these comes from the installed Accelerate files (Accelerate's own test fixtures)
@@ -105,8 +113,14 @@ class _StandIn(types.ModuleType):
             raise AttributeError(name)
         try:
             return getattr(importlib.import_module(self._torchbay_target), name)
-        except AttributeError as missing:
-            raise AttributeError(_reason(self.__name__, name, missing), name=name, obj=self) from None
+        except (AttributeError, UnsupportedAPIError) as missing:
+            from torchbay.compat import surface
+
+            # a name of Accelerate's surface that torchbay does not serve imports as a placeholder saying why
+            value = surface.answer(self.__name__, name, _advice(missing))
+            if value is surface.MISSING:
+                raise AttributeError(_reason(self.__name__, name, missing), name=name, obj=self) from None
+            return value
 
     def __setattr__(self, name: str, value) -> None:
         """A library that patches an Accelerate function (``accelerate.big_modeling.check_device_map = ...``)
@@ -128,6 +142,14 @@ class _StandIn(types.ModuleType):
 
     def __repr__(self) -> str:
         return f"<module {self.__name__!r} (torchbay stand-in for {self._torchbay_target})>"
+
+
+def _advice(missing: Exception) -> str:
+    said = str(missing)
+    if isinstance(missing, UnsupportedAPIError):
+        return said.split(" is not offered by torchbay: ", 1)[-1]
+    return ("torchbay does not serve it (docs/accelerate-compat.md lists what it serves and the alternatives); "
+            "open an issue if your code needs it")
 
 
 def _reason(module: str, name: str, missing: AttributeError) -> str:
@@ -175,7 +197,10 @@ class AccelerateFinder(importlib.abc.MetaPathFinder):
             return _real_spec(fullname)
         modules = served_modules()
         if fullname in modules:
-            return importlib.machinery.ModuleSpec(fullname, _StandInLoader(modules[fullname]), is_package=True)
+            spec = importlib.machinery.ModuleSpec(fullname, _StandInLoader(modules[fullname]), is_package=True,
+                                                  origin=_origin(fullname, modules[fullname]))
+            spec.has_location = True  # ``accelerate.__file__`` is a file, as a package's is
+            return spec
         parent, _, name = fullname.rpartition(".")
         if parent in modules:  # ``from accelerate.utils import X`` asks for a submodule X when X is not a name
             try:
@@ -197,6 +222,19 @@ def _accelerate_dir() -> str | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return list(spec.submodule_search_locations)[0]
+
+
+def _origin(fullname: str, target: str) -> str:
+    """``__file__`` of a stand-in: the installed Accelerate's own file for that module (Accelerate's test helpers
+    find their scripts beside it), else the file of the torchbay module that answers."""
+    root = _accelerate_dir()
+    if root is not None:
+        base = os.path.join(root, *fullname.split(".")[1:])
+        for candidate in (os.path.join(base, "__init__.py"), base + ".py"):
+            if os.path.isfile(candidate):
+                return candidate
+    spec = importlib.util.find_spec(target)
+    return spec.origin if spec is not None and spec.origin else __file__
 
 
 def _real_spec(fullname: str):
