@@ -6,8 +6,11 @@ PIP := $(PY) -m pip
 # every plugin distribution in the tree (each has its own setup.cfg)
 PLUGIN_DIRS := $(patsubst %/setup.cfg,%,$(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg))
 NPROC ?= 2
+# the venv of the Hugging Face libraries (make compat-hf, make compat-suite)
+HF_VENV ?= .venv-hf
+HF_PY := $(HF_VENV)/bin/python
 
-.PHONY: setup demo test test-slow lint compat compat-hf bench release-check clean
+.PHONY: setup demo test test-slow lint compat compat-suite compat-hf bench release-check clean
 
 $(VENV)/.installed: setup.cfg setup.py core/torchbay_as_accelerate.pth pyproject.toml constraints.txt requirements-dev.txt $(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg)
 	$(PYTHON) -m venv $(VENV)
@@ -48,14 +51,17 @@ test-slow: setup
 release-check: setup
 	PY=$(abspath $(PY)) NPROC=$(NPROC) bash scripts/check_release.sh
 
-# Accelerate 1.15's own test scripts, imports redirected to torchbay, 1 and 2 processes (docs/accelerate-compat.md)
-compat: setup
+# Accelerate 1.15's own test scripts, imports redirected to torchbay, 1 and 2 processes (docs/accelerate-compat.md);
+# then Accelerate 1.15's own test suite (its sdist's tests/, fetched by pip) on Accelerate and under the switch, side
+# by side, in .venv-hf (some of its tests need transformers): docs/accelerate-suite.md
+compat: setup compat-suite
 	$(PY) tests/compat/run.py
+
+compat-suite: $(HF_VENV)/.installed
+	$(HF_PY) tests/compat_suite/run.py
 
 # transformers' Trainer, peft, trl and diffusers on Accelerate and on torchbay (the switch alone), side by side,
 # in their own venv so that the main one stays free of them (docs/accelerate-compat.md, "The Hugging Face libraries")
-HF_VENV ?= .venv-hf
-HF_PY := $(HF_VENV)/bin/python
 $(HF_VENV)/.installed: setup.cfg setup.py constraints.txt tests/compat_hf/constraints-hf.txt tests/compat_hf/requirements-hf.txt $(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg)
 	$(PYTHON) -m venv $(HF_VENV)
 	$(HF_PY) -m pip install -q --upgrade pip "setuptools>=64" wheel

@@ -91,8 +91,9 @@ def scan() -> dict:
 
 def main() -> None:
     table = scan()
-    header = ("# Accelerate's public surface (names, kinds, constant values), written by scripts/scan_accelerate_surface.py\n"
-              f"# from accelerate {table['version']}; do not edit. compat/surface.py answers every name here.\n")
+    header = ("# Accelerate's public surface (names, kinds, constant values), written by\n"
+              "# scripts/scan_accelerate_surface.py "
+              f"from accelerate {table['version']}; do not edit. compat/surface.py answers every name here.\n")
     OUT.write_text(header + yaml.safe_dump(table, sort_keys=True, width=120))
     count = sum(len(v) for v in table["modules"].values())
     print(f"{len(table['modules'])} modules, {count} names -> {OUT}")

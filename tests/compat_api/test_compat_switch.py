@@ -115,17 +115,19 @@ def test_every_name_the_hugging_face_libraries_import_from_accelerate_resolves()
     assert seen["count"] > 100 and seen["bad"] == []
 
 
-def test_a_name_torchbay_does_not_offer_is_a_missing_attribute_that_says_why():
+def test_a_name_torchbay_does_not_offer_imports_and_its_use_says_why():
     seen = _python("""
     import json, accelerate.utils, torchbay.utils
+    from torchbay.errors import UnsupportedAPIError
     has = hasattr(accelerate.utils, "MegatronLMPlugin")
+    from accelerate.utils import MegatronLMPlugin  # Accelerate's name: the import works
     try:
-        from accelerate.utils import MegatronLMPlugin
-        imported = None
-    except ImportError as exc:
-        imported = str(exc)
+        MegatronLMPlugin()
+        used = None
+    except UnsupportedAPIError as exc:
+        used = str(exc)
     try:
-        torchbay.utils.MegatronLMPlugin
+        torchbay.utils.MegatronLMPlugin  # torchbay's own module still refuses it at once
         attribute = None
     except AttributeError as exc:
         attribute = str(exc)
@@ -134,12 +136,52 @@ def test_a_name_torchbay_does_not_offer_is_a_missing_attribute_that_says_why():
         unknown = None
     except ImportError as exc:
         unknown = str(exc)
-    print(json.dumps({"has": has, "imported": imported, "attribute": attribute, "unknown": unknown}))
+    print(json.dumps({"has": has, "used": used, "attribute": attribute, "unknown": unknown}))
     """, switch=True)
-    assert seen["has"] is False
-    assert "Megatron-LM is not a torchbay strategy" in seen["imported"]
+    assert seen["has"] is True
+    assert "Megatron-LM is not a torchbay strategy" in seen["used"]
     assert "Megatron-LM is not a torchbay strategy" in seen["attribute"]
     assert "not offered by torchbay" in seen["unknown"]
+
+
+def test_every_name_of_accelerates_surface_imports_under_the_switch():
+    """Issue 36: no unserved name stops an import; constants keep Accelerate's values, enums their members, and
+    a placeholder raises on use; ``accelerate.__file__`` is a file, as a package's is."""
+    seen = _python("""
+    import importlib, inspect, json, os
+    from torchbay.compat import surface
+    from torchbay.errors import UnsupportedAPIError
+    failed, placeholders, refused = [], 0, 0
+    for module, names in surface.table().items():
+        try:
+            imported = importlib.import_module(module)
+        except Exception as exc:
+            failed.append(f"{module}: {type(exc).__name__}: {exc}")
+            continue
+        for name in names:
+            try:
+                value = getattr(imported, name)
+            except Exception as exc:
+                failed.append(f"{module}.{name}: {type(exc).__name__}: {exc}")
+                continue
+            if surface.is_placeholder(value):
+                placeholders += 1
+                try:
+                    value()
+                except UnsupportedAPIError as exc:
+                    refused += "is not available on torchbay" in str(exc)
+    from accelerate.utils.constants import FSDP2_STATE_DICT_TYPE
+    from accelerate.commands.config.config_args import ComputeEnvironment
+    import accelerate
+    print(json.dumps({"failed": failed, "placeholders": placeholders, "refused": refused,
+                      "file": os.path.isfile(accelerate.__file__), "getfile": inspect.getfile(accelerate),
+                      "constant": FSDP2_STATE_DICT_TYPE, "member": ComputeEnvironment.LOCAL_MACHINE.value}))
+    """, switch=True)
+    assert seen["failed"] == []
+    assert seen["placeholders"] > 0 and seen["refused"] == seen["placeholders"]
+    assert seen["file"] and seen["getfile"].endswith("__init__.py")
+    assert seen["constant"] == ["SHARDED_STATE_DICT", "FULL_STATE_DICT"]
+    assert seen["member"] == "LOCAL_MACHINE"
 
 
 def test_a_name_whose_plugin_is_not_installed_imports_and_its_use_names_the_distribution():
