@@ -59,6 +59,12 @@ DEEPSPEED_ONE_PROCESS = (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")
 CASES = [
     Case("Trainer: train, evaluate, predict (66 samples, batch 8)", "trainer_causal_lm.py"),
     Case("Trainer: train, evaluate, predict (66 samples, batch 8)", "trainer_causal_lm.py", processes=2),
+    Case("Trainer: streaming (iterable) datasets, train, evaluate with an uneven last batch, predict",
+         "trainer_causal_lm.py", ("--streaming",)),
+    Case("Trainer: streaming (iterable) datasets, train, evaluate with an uneven last batch, predict",
+         "trainer_causal_lm.py", ("--streaming",), processes=2),
+    Case("Trainer: auto_find_batch_size retries after an out-of-memory step", "trainer_causal_lm.py",
+         ("--auto-batch",)),
     Case("Trainer: grad accumulation 2, bf16, save, resume_from_checkpoint", "trainer_causal_lm.py",
          ("--grad-accum", "2", "--bf16", "--resume"), bf16=True),
     Case("Trainer: save_steps, resume_from_checkpoint", "trainer_causal_lm.py", ("--resume",), processes=2),

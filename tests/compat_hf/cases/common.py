@@ -40,6 +40,16 @@ class TokenDataset(torch.utils.data.Dataset):
         return {"input_ids": self.ids[index], "labels": self.ids[index].clone()}
 
 
+class TokenStream(torch.utils.data.IterableDataset):
+    """:class:`TokenDataset`'s samples as a stream with no length (what ``datasets``' streaming mode gives)."""
+
+    def __init__(self, size: int, seed: int = 1):
+        self.samples = TokenDataset(size, seed=seed)
+
+    def __iter__(self):
+        return (self.samples[index] for index in range(len(self.samples)))
+
+
 def write_result(path: str, **fields) -> None:
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:

@@ -10,7 +10,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import TokenDataset, tiny_causal_lm, write_result  # noqa: E402
+from common import TokenDataset, TokenStream, tiny_causal_lm, write_result  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 
@@ -36,6 +36,10 @@ def main() -> None:
     parser.add_argument("--deepspeed", metavar="JSON", help="TrainingArguments(deepspeed=JSON)")
     parser.add_argument("--best", action="store_true",
                         help="evaluate every 4 steps, keep the best checkpoint, report to TensorBoard")
+    parser.add_argument("--streaming", action="store_true",
+                        help="iterable datasets (no length): train 5 steps, evaluate and predict 66 samples")
+    parser.add_argument("--auto-batch", action="store_true",
+                        help="auto_find_batch_size: the first batch size runs out of memory, the retry trains")
     args = parser.parse_args()
     training = dict(output_dir=args.out_dir, per_device_train_batch_size=4, per_device_eval_batch_size=8,
                     gradient_accumulation_steps=args.grad_accum, num_train_epochs=2, learning_rate=1e-3,
@@ -51,6 +55,12 @@ def main() -> None:
             training["fsdp_config"]["state_dict_type"] = "SHARDED_STATE_DICT"
     if args.deepspeed:
         training.update(deepspeed=args.deepspeed)  # use_cpu kept: else Accelerate's state counts 1 CPU process
+    if args.streaming:
+        run_streaming(training)
+        return
+    if args.auto_batch:
+        run_auto_batch(training)
+        return
     log = LossLog()
     trainer = Trainer(model=tiny_causal_lm(), args=TrainingArguments(**training), train_dataset=TokenDataset(40),
                       eval_dataset=TokenDataset(66, seed=2), callbacks=[log])
@@ -78,6 +88,45 @@ def main() -> None:
                                               os.walk(args.out_dir) for n in files))}
     write_result(args.result, losses=log.losses, eval_loss=round(metrics["eval_loss"], 6),
                  predict_rows=int(predictions.predictions.shape[0]), **extra)
+
+
+def run_streaming(training: dict) -> None:
+    """Streaming data: Trainer needs max_steps; the evaluation's last batch is uneven (66 samples, 8 a process)."""
+    log = LossLog()
+    trainer = Trainer(model=tiny_causal_lm(), args=TrainingArguments(**{**training, "max_steps": 5}),
+                      train_dataset=TokenStream(40), eval_dataset=TokenStream(66, seed=2), callbacks=[log])
+    trainer.train()
+    metrics = trainer.evaluate()
+    predictions = trainer.predict(TokenStream(66, seed=2))
+    write_result(sys.argv[2], losses=log.losses, eval_loss=round(metrics["eval_loss"], 6),
+                 predict_rows=int(predictions.predictions.shape[0]),
+                 predict_loss=round(float(predictions.metrics["test_loss"]), 6))
+
+
+class OutOfMemoryAbove(TrainerCallback):
+    """Fails a step whose batch holds more than ``limit`` samples with the CPU allocator's out-of-memory error, as a
+    too large batch does: Trainer's auto_find_batch_size then retries with a smaller batch."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.sizes: list[int] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        size = args.per_device_train_batch_size if not hasattr(state, "train_batch_size") else \
+            (state.train_batch_size or args.per_device_train_batch_size)
+        if not self.sizes or self.sizes[-1] != size:
+            self.sizes.append(size)
+        if size > self.limit:
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+
+
+def run_auto_batch(training: dict) -> None:
+    log, memory = LossLog(), OutOfMemoryAbove(limit=3)
+    trainer = Trainer(model=tiny_causal_lm(), args=TrainingArguments(**{**training, "auto_find_batch_size": True,
+                                                                        "save_strategy": "no"}),
+                      train_dataset=TokenDataset(40), callbacks=[log, memory])
+    trainer.train()
+    write_result(sys.argv[2], losses=log.losses, batch_sizes_tried=memory.sizes)
 
 
 if __name__ == "__main__":
