@@ -49,6 +49,8 @@ class Case:
     bf16: bool = False
     extra_env: tuple[tuple[str, str], ...] = ()
     launches_itself: bool = False  # the library's own CLI starts the processes (its launch flags are in args)
+    #: a difference from Accelerate known and still to fix (issue and cause): reported in the table, not a failure
+    known_difference: str = ""
 
 
 DS_ZERO2, DS_ZERO3 = (str(HERE / "cases" / f"ds_zero{stage}.json") for stage in (2, 3))
@@ -216,6 +218,9 @@ def part_cases(selected: list[Case], work_root: Path) -> list[str]:
             worst, problems = compare(expected, got, case.bf16)
             verdict = ("same" if not problems else "DIFFERS") + retried
             failures.extend(f"{case.name} x{case.processes}: {p}" for p in problems)
+        if case.known_difference and expected is not None and (got is None or verdict.startswith("DIFFERS")):
+            failures = [f for f in failures if not f.startswith(f"{case.name} x{case.processes}")]
+            verdict = f"known difference, still to fix ({case.known_difference}): {verdict}"
         shown = "-" if worst is None else f"{worst:.1e}"
         say(f"| {case.name} | {case.processes} | {seconds_a:.0f} s | {seconds_t:.0f} s | {shown} | {verdict} |",
               flush=True)
