@@ -151,9 +151,10 @@ def torchbay_accelerate_mapping() -> dict[str, Any]:
     config import-accelerate``) its ``distributed_type`` values, its nested config section
     (e.g. a strategy's ``<name>_config``), reasons for keys it cannot import; under ``"api"``
     (``accelerate_api.yaml``) its ``is_<name>_available`` entries, the Accelerate names it
-    re-exports (``plugin_names``) or refuses (``unsupported``). Keep the data in a YAML file
-    inside the plugin's package and return
-    ``torchbay.plugin.read_fragment(__package__)``.
+    re-exports (``plugin_names``) or refuses (``unsupported``). Keep the data in a file
+    ``accelerate.yaml`` inside the plugin's package: the plugin manager reads it for every plugin
+    that has one, so a plugin implements this hook only when it computes its fragment (the hook's
+    result then replaces the file).
 
     Called only when the import or an Accelerate name (``torchbay.utils.is_x_available``...)
     needs the tables, never at ``import torchbay`` or ``Accelerator()``. Fragments are merged

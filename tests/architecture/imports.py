@@ -14,7 +14,7 @@ CORE = ROOT / "core" / "torchbay"
 LAYERS = [
     ("__init__", "errors", "_lazy", "_moved"),
     ("config", "distributed", "compile", "checkpoint.files", "checkpoint.full_state", "checkpoint.publish",
-     "checkpoint.inplace", "checkpoint.safe_load", "compat.finder"),
+     "checkpoint.inplace", "checkpoint.safe_load", "compat.finder", "compat.surface"),
     ("axes",),
     ("plugin", "hookspecs", "config.resolve"),
     ("process",),

@@ -28,6 +28,10 @@ ALLOWED_FILES = {
     "core/torchbay/compat/resources/library_names.yaml":
         "Accelerate's own names and the torchbay distributions that serve them, which do not depend on what is "
         "installed (compat/ is the one room that maps Accelerate's surface, docs/architecture.md rule 12)",
+    "core/torchbay/compat/resources/accelerate_surface.yaml":
+        "Accelerate 1.15's own module names, constants and enum members as Accelerate spells them (DistributedType."
+        "DEEPSPEED...), written by scripts/scan_accelerate_surface.py; it names no torchbay distribution and selects "
+        "nothing: under the switch an unserved name imports from it as a placeholder (rule 12)",
 }
 SKIPPED_SUFFIXES = (".pyc", ".pyo", ".so")
 #: the plugin distributions torchbay publishes, by the name each registers: install hints name only these,

@@ -200,3 +200,40 @@ def test_the_import_maps_back_each_devices_distributed_type():
         assert table["distributed_type"].get(member) == {"device": name, "strategy": "ddp"}, (name, member)
         checked.append(name)
     assert "cpu" in checked
+
+
+def _plugin_package(root: Path, name: str, fragment: str) -> None:
+    package = root / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "plugin.py").write_text("from torchbay.plugin import hookimpl\n\n\n@hookimpl\n"
+                                       "def torchbay_report_env():\n    return {}\n")
+    (package / "accelerate.yaml").write_text(fragment)
+
+
+def test_a_plugins_accelerate_yaml_is_read_without_a_hook(tmp_path, monkeypatch, caplog):
+    """Issue 37: the manager reads the accelerate.yaml in a plugin's package (the 13 identical hooks went);
+    a malformed file disables that plugin with a warning naming the file."""
+    import importlib
+
+    _plugin_package(tmp_path, "torchbay_yamlonly", "api:\n  unsupported:\n    - status: refused\n"
+                    "      advice: torchbay-yamlonly does it in prepare()\n      names: [prepare_yamlonly_model]\n")
+    _plugin_package(tmp_path, "torchbay_badyaml", "- not a mapping\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pm = PluginManager(autoload=False)
+    pm.register_plugin(importlib.import_module("torchbay_yamlonly.plugin"), "yamlonly")
+    pm.register_plugin(importlib.import_module("torchbay_badyaml.plugin"), "badyaml")
+    reset_plugin_manager(pm)
+    try:
+        with pytest.raises(UnsupportedAPIError, match="torchbay-yamlonly does it in prepare"):
+            torchbay.utils.prepare_yamlonly_model
+        assert pm.is_failed("badyaml") and not pm.is_failed("yamlonly")
+        assert "torchbay_badyaml/accelerate.yaml" in pm.info_of("badyaml").message
+    finally:
+        reset_plugin_manager(None)
+
+
+def test_no_in_tree_plugin_repeats_the_fragment_hook():
+    repeated = [path for path in glob.glob(str(ROOT / "plugins" / "**" / "torchbay_*" / "*.py"), recursive=True)
+                if "def torchbay_accelerate_mapping" in Path(path).read_text()]
+    assert repeated == []

@@ -3,8 +3,8 @@
 The mapping is data: Accelerate's key names and values on one side, torchbay's dotted keys on
 the other. The core's table (``torchbay/resources/accelerate.yaml``) covers cpu, single, ddp
 and the generic keys; each plugin adds what it serves (a device's ``distributed_type``, a
-strategy's nested config...) from an ``accelerate.yaml`` in its own package, through the hook
-``torchbay_accelerate_mapping`` (see :func:`read_fragment`). An Accelerate value or key that no
+strategy's nested config...) from an ``accelerate.yaml`` in its own package, which the plugin manager reads
+(:mod:`torchbay.plugin.fragments`). An Accelerate value or key that no
 installed plugin maps is reported as not imported, saying which kind of plugin would map it.
 Every key of the input ends up in exactly one of three lists, so that nothing is dropped
 silently:
@@ -20,7 +20,6 @@ they are written and listed as unchecked.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +29,7 @@ from torchbay.config.files import load_yaml_file, read_packaged_yaml
 from torchbay.config.model import dotted_to_tree
 from torchbay.config.resolve import config_model, describe_errors
 from torchbay.errors import ConfigError
+from torchbay.plugin.fragments import read_fragment  # noqa: F401 (its old path, still served)
 from torchbay.plugin.manager import get_plugin_manager
 from torchbay.process.state import distributed_type_names
 
@@ -39,30 +39,6 @@ NO_PLUGIN = ("no installed plugin maps it; install the torchbay {kind} for it "
 #: the reason given for a top-level key that neither the core nor an installed plugin maps
 UNKNOWN_KEY = ("neither torchbay nor an installed plugin maps this key (if a torchbay plugin serves it, install that "
                "plugin: `torchbay plugins` lists what is installed)")
-
-
-@functools.lru_cache(maxsize=None)
-def read_fragment(package: str, resource: str = "accelerate.yaml") -> dict[str, Any]:
-    """A plugin's part of the Accelerate compatibility tables: the YAML file ``resource`` in ``package``.
-
-    For a plugin's ``torchbay_accelerate_mapping`` implementation (read once per process, and only
-    when the Accelerate import or an Accelerate name needs it)::
-
-        @hookimpl
-        def torchbay_accelerate_mapping():
-            from torchbay.compat.config_import import read_fragment
-
-            return read_fragment(__package__)
-
-    Callers must not change the returned mapping (it is shared). A malformed file raises
-    ``ValueError``, which disables the plugin for the run with a warning naming the file.
-    """
-    data = read_packaged_yaml(package, resource) or {}
-    if not isinstance(data, dict) or not set(data) <= {"config_import", "api"}:
-        raise ValueError(f"{package}/{resource} is not an Accelerate mapping fragment: make it a mapping whose "
-                         f"keys are config_import and/or api "
-                         f"(found {sorted(data) if isinstance(data, dict) else data!r})")
-    return data
 
 
 def core_table() -> dict[str, Any]:

@@ -29,7 +29,7 @@ _SOURCES = {
     "torchbay.tracking.jsonl": ["read_scalars"],
     # configuration a plugin adds: its section, its Accelerate-config fragment, its CLI flags
     "torchbay.config.model": ["Section"],
-    "torchbay.compat.config_import": ["read_fragment"],
+    "torchbay.plugin.fragments": ["read_fragment"],
     "torchbay.cli.options": ["add_section_options"],
     "torchbay.distributed.parallelism_config": ["ParallelismConfig", "MESH_ORDER"],
     # checkpoints: safe loading, the files a save wrote, publishing a model folder

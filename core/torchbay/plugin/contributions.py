@@ -51,10 +51,37 @@ class Contributions:
                 sections[name], owners[name] = model, impl.plugin_name
         return sections
 
+    def _mapping_fragments(self):
+        """``(plugin name, info, fragment)`` of every working plugin that has one, in registration order: the
+        ``accelerate.yaml`` in its package, or what its ``torchbay_accelerate_mapping`` returns when it has that
+        hook (a plugin whose file or hook fails is disabled and skipped)."""
+        from torchbay.plugin.fragments import FRAGMENT_FILE, fragment_file_of, read_fragment
+
+        hook = "torchbay_accelerate_mapping"
+        by_hook = {impl.plugin_name: impl for impl in getattr(self.hook, hook).get_hookimpls()}
+        for name, plugin in self.list_name_plugin():
+            if plugin is None or self.is_failed(name):
+                continue
+            impl, package = by_hook.get(name), None
+            if impl is None:
+                package = fragment_file_of(plugin)
+                if package is None:
+                    continue
+                try:
+                    found = read_fragment(package)
+                except Exception as exc:  # a malformed file disables its plugin, as a failing hook does
+                    self._fail(self.info_of(name), f"{package}/{FRAGMENT_FILE}", str(exc))
+                    continue
+            else:
+                found = impl.function() or {}
+            if not self.is_failed(name):
+                yield name, self.info_of(name), found
+
     def accelerate_mapping(self, part: str, core: dict[str, Any]) -> dict[str, Any]:
         """The core's Accelerate compatibility table ``part`` with every plugin's fragment merged in.
 
-        ``part`` is ``"config_import"`` or ``"api"`` (see the hook ``torchbay_accelerate_mapping``);
+        ``part`` is ``"config_import"`` or ``"api"`` (a plugin's ``accelerate.yaml``, or the hook
+        ``torchbay_accelerate_mapping``);
         ``core`` is the core's own table, left unchanged. Mappings merge key by key and lists are
         concatenated; a key that the core or an earlier plugin already defines (at any depth, with
         a value that is not a mapping on both sides) is a conflict: as for a taken config section
@@ -64,7 +91,7 @@ class Contributions:
         merged = copy.deepcopy(core)
         owners: dict[tuple[str, ...], str] = {}
         hook = "torchbay_accelerate_mapping"
-        for impl, info, found in self._results_of(hook):
+        for plugin_name, info, found in self._mapping_fragments():
             fragment = found.get(part) if isinstance(found, dict) else None
             if not isinstance(found, dict) or not isinstance(fragment or {}, dict):
                 self._fail(info, hook, f"returned {found!r}, not {{'config_import': mapping, 'api': mapping}}")
@@ -78,7 +105,7 @@ class Contributions:
                 self._fail(info, hook, f"its Accelerate mapping defines '{'.'.join(map(str, clash))}', which {by} "
                                        f"already defines")
                 continue
-            owners.update({path: impl.plugin_name for path in _leaf_paths(fragment or {}, (part,))})
+            owners.update({path: plugin_name for path in _leaf_paths(fragment or {}, (part,))})
             merged = candidate
         return merged
 

@@ -47,8 +47,6 @@ def torchbay_add_cli_options(parser: argparse.ArgumentParser, command: str) -> N
     add_section_options(group, "deepspeed", DeepSpeedSection, flags=CLI_OPTIONS)
 
 
-
-
 @hookimpl
 def torchbay_report_env():
     import importlib.metadata as md
@@ -58,11 +56,3 @@ def torchbay_report_env():
     except md.PackageNotFoundError:
         version = "not installed (pip install deepspeed)"
     return {"deepspeed": version}
-
-
-@hookimpl
-def torchbay_accelerate_mapping():
-    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.plugin import read_fragment
-
-    return read_fragment(__package__)

@@ -101,11 +101,3 @@ def _version() -> str:
     from torchbay_fsdp import __version__
 
     return __version__
-
-
-@hookimpl
-def torchbay_accelerate_mapping():
-    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.plugin import read_fragment
-
-    return read_fragment(__package__)

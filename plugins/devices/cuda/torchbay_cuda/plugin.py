@@ -144,11 +144,3 @@ def torchbay_register_devices():
 @hookimpl
 def torchbay_report_env():
     return {NAME: describe_devices()}
-
-
-@hookimpl
-def torchbay_accelerate_mapping():
-    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.plugin import read_fragment
-
-    return read_fragment(__package__)

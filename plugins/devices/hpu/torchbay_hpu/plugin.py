@@ -155,7 +155,6 @@ def torchbay_config_sections():
     return {NAME: HPUSection}
 
 
-
 @hookimpl
 def torchbay_report_env():
     reason = HPUBackend.unavailable_reason()
@@ -163,11 +162,3 @@ def torchbay_report_env():
         return {NAME: f"not available: {reason}"}
     return {NAME: f"{HPUBackend.device_count()} card(s), collectives hccl, "
                   f"{'lazy' if HPUBackend.lazy_mode() else 'eager'} mode"}
-
-
-@hookimpl
-def torchbay_accelerate_mapping():
-    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.plugin import read_fragment
-
-    return read_fragment(__package__)

@@ -42,11 +42,3 @@ def torchbay_report_env():
     if reason:
         return {NAME: f"not available: {reason}"}
     return {NAME: f"{MLUBackend.device_count()} device(s), collectives cncl"}
-
-
-@hookimpl
-def torchbay_accelerate_mapping():
-    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.plugin import read_fragment
-
-    return read_fragment(__package__)

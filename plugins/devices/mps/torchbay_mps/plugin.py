@@ -122,16 +122,7 @@ def torchbay_config_sections():
     return {NAME: MPSSection}
 
 
-
 @hookimpl
 def torchbay_report_env():
     reason = MPSBackend.unavailable_reason()
     return {NAME: f"not available: {reason}" if reason else f"1 device (macOS {platform.mac_ver()[0]})"}
-
-
-@hookimpl
-def torchbay_accelerate_mapping():
-    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.plugin import read_fragment
-
-    return read_fragment(__package__)

@@ -191,18 +191,9 @@ def torchbay_config_sections():
     return {NAME: XLASection}
 
 
-
 @hookimpl
 def torchbay_report_env():
     reason = XLABackend.unavailable_reason()
     if reason:
         return {NAME: f"not available: {reason}"}
     return {NAME: f"PJRT_DEVICE={pjrt_device()}, {XLABackend.device_count()} device(s) (runtime not started)"}
-
-
-@hookimpl
-def torchbay_accelerate_mapping():
-    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.plugin import read_fragment
-
-    return read_fragment(__package__)

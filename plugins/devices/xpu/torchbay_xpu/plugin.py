@@ -105,11 +105,3 @@ def torchbay_report_env():
         return {NAME: f"not available: {reason}", "xpu ipex": ipex_status()[1]}
     return {NAME: f"{XPUBackend.device_count()} device(s), collectives {XPUBackend.dist_backend()}",
             "xpu ipex": ipex_status()[1]}
-
-
-@hookimpl
-def torchbay_accelerate_mapping():
-    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.plugin import read_fragment
-
-    return read_fragment(__package__)

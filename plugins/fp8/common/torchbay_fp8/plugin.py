@@ -27,11 +27,3 @@ def torchbay_add_cli_options(parser, command):
         return
     group = parser.add_argument_group("fp8 (mixed_precision: fp8; torchbay-fp8)")
     add_section_options(group, "fp8", FP8Config, skip={"engine_options"})
-
-
-@hookimpl
-def torchbay_accelerate_mapping():
-    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.plugin import read_fragment
-
-    return read_fragment(__package__)

@@ -30,11 +30,3 @@ def torchbay_report_env():
         return {"fp8 msamp": importlib.metadata.version("msamp")}
     except importlib.metadata.PackageNotFoundError:
         return {"fp8 msamp": "installed (version unknown)"}
-
-
-@hookimpl
-def torchbay_accelerate_mapping():
-    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.plugin import read_fragment
-
-    return read_fragment(__package__)

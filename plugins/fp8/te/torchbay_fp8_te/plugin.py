@@ -29,11 +29,3 @@ def torchbay_report_env():
         return {"fp8 te": importlib.metadata.version("transformer_engine")}
     except importlib.metadata.PackageNotFoundError:
         return {"fp8 te": "installed (version unknown)"}
-
-
-@hookimpl
-def torchbay_accelerate_mapping():
-    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.plugin import read_fragment
-
-    return read_fragment(__package__)

@@ -26,11 +26,3 @@ def torchbay_report_env():
     if importlib.util.find_spec("torchao") is None:
         return {"fp8 torchao": "not installed (pip install torchao)"}
     return {"fp8 torchao": importlib.metadata.version("torchao")}
-
-
-@hookimpl
-def torchbay_accelerate_mapping():
-    """This plugin's part of the Accelerate compatibility tables (accelerate.yaml in this package)."""
-    from torchbay.plugin import read_fragment
-
-    return read_fragment(__package__)
