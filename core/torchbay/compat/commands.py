@@ -23,18 +23,32 @@ default_config_file = os.path.join(
 class AccelerateConfigFile:
     """An Accelerate config file's settings (``load_config_from_file(path).to_dict()``)."""
 
-    def __init__(self, settings: dict[str, Any], path: str):
-        self._settings = settings
+    def __init__(self, settings: dict[str, Any] | None = None, path: str | None = None, **given: Any):
+        self._settings = {**(settings or {}), **given}  # ClusterConfig(compute_environment=..., ...) too
         self.path = path
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self._settings)
+
+    def to_yaml_file(self, yaml_file: str) -> None:
+        """Write the settings as YAML to ``yaml_file``; only a new file, or the file these settings came from."""
+        import yaml
+
+        if os.path.exists(yaml_file) and os.path.abspath(yaml_file) != os.path.abspath(self.path or ""):
+            raise ConfigError(f"{yaml_file} exists and is not the file these settings were read from: torchbay "
+                              "does not write over it; give a new path")
+        with open(yaml_file, "w", encoding="utf-8") as handle:
+            yaml.safe_dump(self.to_dict(), handle, sort_keys=False)
 
     def __getattr__(self, name: str) -> Any:
         try:
             return self._settings[name]
         except KeyError:
             raise AttributeError(f"{self.path} has no setting {name!r}") from None
+
+
+#: Accelerate's config classes (``accelerate.commands.config.config_args``): one settings holder serves them
+BaseConfig = ClusterConfig = AccelerateConfigFile
 
 
 def load_config_from_file(config_file: str | None = None) -> AccelerateConfigFile:

@@ -44,8 +44,14 @@ MODULES = {
     "accelerate.big_modeling": "torchbay.big_modeling.modeling",
     "accelerate.checkpointing": "torchbay.utils",
     "accelerate.commands": "torchbay.compat.commands",
+    "accelerate.commands.accelerate_cli": "torchbay.compat.accelerate_cli",
     "accelerate.commands.config": "torchbay.compat.commands",
+    "accelerate.commands.config.default": "torchbay.compat.config_commands",
+    "accelerate.commands.env": "torchbay.compat.config_commands",
+    "accelerate.commands.estimate": "torchbay.compat.config_commands",
     "accelerate.commands.launch": "torchbay.compat.commands",
+    "accelerate.commands.test": "torchbay.compat.config_commands",
+    "accelerate.commands.to_fsdp2": "torchbay.compat.to_fsdp2",
     "accelerate.data_loader": "torchbay.data.loader",
     "accelerate.hooks": "torchbay.compat.hooks",
     "accelerate.launchers": "torchbay.launch.notebook",
@@ -66,9 +72,8 @@ LIBRARY_NAMES = "compat/resources/library_names.yaml"
 def served_modules() -> dict[str, str]:
     """:data:`MODULES` and accelerate.utils' own modules, each answered by torchbay.utils (which serves every
     accelerate.utils name); their names are listed in compat/resources/library_names.yaml."""
-    from torchbay.config.files import read_packaged_yaml
-
     from torchbay.compat import surface
+    from torchbay.config.files import read_packaged_yaml
 
     submodules = read_packaged_yaml("torchbay", LIBRARY_NAMES)["utils_submodules"]
     served = {**MODULES, **{f"accelerate.utils.{name}": "torchbay.utils" for name in submodules}}
