@@ -240,3 +240,22 @@ def test_the_readme_first_screen_has_the_gpu_set_up_and_the_two_guides():
     for linked in ("docs/accelerate-compat.md", "docs/fault-tolerance.md"):
         assert (ROOT / linked).is_file()
     assert "torchbay-cuda" in _in_tree_distributions()  # the distribution it names is published here
+
+
+# --- issue 36: an Accelerate config given to torchbay launch, a table that fits the terminal ----------------------
+
+def test_launch_reads_an_accelerate_config_file_through_the_import(tmp_path, script):
+    accelerate_file = ROOT / "tests" / "fixtures" / "accelerate" / "multi_node.yaml"
+    done = torchbay("launch", "--config_file", str(accelerate_file), "--dry-run", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "torchbay config import-accelerate" in done.stderr and len(done.stderr) < 1500, done.stderr
+    assert "num_processes = 16" in done.stdout, done.stdout
+
+
+def test_plugins_table_fits_the_terminal(tmp_path):
+    done = torchbay("plugins", cwd=tmp_path, env={"COLUMNS": "140"})
+    assert done.returncode == 0 and max(len(line) for line in done.stdout.splitlines()) <= 140, done.stdout
+
+
+def test_readme_says_to_activate_the_venv():
+    assert "source .venv/bin/activate" in (ROOT / "README.md").read_text()

@@ -128,6 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         origins: dict[str, str] = {}
+        imported = None
+        if argv[:1] == ["launch"]:  # an Accelerate config file is read as `config import-accelerate` reads it
+            from torchbay.compat.commands import with_torchbay_config
+
+            rest, imported = with_torchbay_config(argv[1:])
+            argv = ["launch", *rest]
         argv = with_accelerate_spellings(parser, argv, origins)
         args, unknown = parser.parse_known_args(argv)
         if unknown:
@@ -141,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         command = args.command
         args._argv = argv
         args._flag_origins = origins
+        args._imported_config = imported
         return int(args.func(args) or 0)
     except TorchbayError as exc:
         print(f"torchbay {command}: error: {exc}".replace("torchbay : ", "torchbay: "), file=sys.stderr)

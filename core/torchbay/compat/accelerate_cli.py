@@ -24,7 +24,7 @@ import traceback
 from torchbay.errors import TorchbayError
 
 #: ``accelerate`` subcommand -> the torchbay command that serves it (None: handled here)
-COMMANDS = {"launch": None, "config": None, "env": ["env"], "test": ["test"],
+COMMANDS = {"launch": None, "config": None, "env": None, "test": None,
             "estimate-memory": ["estimate-memory"], "estimate": ["estimate-memory"],
             "merge-weights": ["merge-weights"], "to-fsdp2": None}
 
@@ -74,6 +74,12 @@ def _run(command: str, rest: list[str]) -> int:
         from torchbay.compat.config_commands import config_main
 
         return config_main(rest)
+    if command in ("env", "test"):
+        from torchbay.compat import config_commands
+
+        parser = getattr(config_commands, f"{command}_command_parser")()
+        getattr(config_commands, f"{command}_command")(parser.parse_args(rest))
+        return 0
     if command == "to-fsdp2":
         from torchbay.compat.to_fsdp2 import to_fsdp2_main
 

@@ -74,7 +74,8 @@ class _LaunchParser(argparse.ArgumentParser):
         import sys
 
         parser = build_parser()
-        given, imported_config = _with_torchbay_config(list(sys.argv[1:] if args is None else args))
+        given, imported_config = with_torchbay_config(_with_default_config(list(sys.argv[1:] if args is None
+                                                                                else args)))
         argv = with_accelerate_spellings(parser, ["launch", "--as-accelerate", *given])  # --num_processes...
         parsed = parser.parse_args(argv)
         parsed._argv = argv
@@ -82,7 +83,25 @@ class _LaunchParser(argparse.ArgumentParser):
         return parsed
 
 
-def _with_torchbay_config(args: list[str]) -> tuple[list[str], str | None]:
+def _with_default_config(args: list[str]) -> list[str]:
+    """As ``accelerate launch`` does, Accelerate's default config file is read when no config file is named (and
+    neither ``./torchbay.yaml`` nor ``TORCHBAY_CONFIG_FILE`` names one)."""
+    from torchbay.cli.options import DEFAULT_CONFIG_FILE
+    from torchbay.config.files import CONFIG_FILE_ENV
+
+    before_script = []
+    for token in args:
+        if not token.startswith("-"):
+            break
+        before_script.append(token.partition("=")[0])
+    named = {"--config_file", "--config-file"} & set(before_script)
+    if named or os.environ.get(CONFIG_FILE_ENV) or os.path.isfile(DEFAULT_CONFIG_FILE) or \
+            not os.path.isfile(default_config_file):
+        return args
+    return ["--config_file", default_config_file, *args]
+
+
+def with_torchbay_config(args: list[str]) -> tuple[list[str], str | None]:
     """Replace an Accelerate ``--config_file`` (before the script) by the torchbay config imported from it.
 
     The import is what ``torchbay config import-accelerate`` does; its report goes to stderr, and the imported
