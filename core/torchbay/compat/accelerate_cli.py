@@ -18,6 +18,7 @@ A failure says that torchbay answered and how to run the same job with torchbay'
 
 from __future__ import annotations
 
+import importlib
 import sys
 import traceback
 
@@ -81,9 +82,7 @@ def _run(command: str, rest: list[str]) -> int:
         getattr(config_commands, f"{command}_command")(parser.parse_args(rest))
         return 0
     if command == "to-fsdp2":
-        from torchbay.compat.to_fsdp2 import to_fsdp2_main
-
-        return to_fsdp2_main(rest)
+        return importlib.import_module("torchbay_fsdp.to_fsdp2").to_fsdp2_main(rest)  # the plugin's command
     return torchbay_main([*COMMANDS[command], *_dashed_config_file(rest)])
 
 

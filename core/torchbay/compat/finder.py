@@ -51,7 +51,7 @@ MODULES = {
     "accelerate.commands.estimate": "torchbay.compat.config_commands",
     "accelerate.commands.launch": "torchbay.compat.commands",
     "accelerate.commands.test": "torchbay.compat.config_commands",
-    "accelerate.commands.to_fsdp2": "torchbay.compat.to_fsdp2",
+    "accelerate.commands.to_fsdp2": "torchbay_fsdp.to_fsdp2",  # the plugin's (an ImportError without it)
     "accelerate.data_loader": "torchbay.data.loader",
     "accelerate.hooks": "torchbay.compat.hooks",
     "accelerate.launchers": "torchbay.launch.notebook",
