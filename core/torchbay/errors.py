@@ -50,3 +50,8 @@ class UnsupportedAPIError(TorchbayError, AttributeError, NotImplementedError):
 
     An AttributeError, so that such a name is a missing attribute (``hasattr`` is False) whose message says why.
     """
+
+
+class ModelSourceError(TorchbayError, OSError):
+    """A model named on the command line cannot be read from where it was named (an OSError, as a missing file
+    is)."""

@@ -162,8 +162,10 @@ def test_accelerate_launch_switches_mean_what_the_same_accelerate_config_means(t
     # --multi_gpu starts several DDP processes on the device there is, as accelerate launch does on a CPU machine
     device = "cuda" if has_gpu else "cpu"
     assert f"device {device}, strategy ddp" in gpu.stdout, gpu.stdout + gpu.stderr
-    threads = torchbay("launch", "--num_cpu_threads_per_process", "4", str(script), cwd=tmp_path)
-    assert threads.returncode == 2 and "set OMP_NUM_THREADS=N" in threads.stderr, threads.stderr
+    # as accelerate launch does: every worker gets OMP_NUM_THREADS=N (issue 36; it used to be refused)
+    threads = torchbay("launch", "--num_cpu_threads_per_process", "3", "--num_processes", "2", str(script),
+                       cwd=tmp_path)
+    assert threads.returncode == 0 and threads.stdout.count("OMP 3") == 2, threads.stdout + threads.stderr
 
 
 def test_an_unknown_flag_gets_the_nearest_one_and_the_help_to_read(tmp_path, script):
@@ -238,3 +240,22 @@ def test_the_readme_first_screen_has_the_gpu_set_up_and_the_two_guides():
     for linked in ("docs/accelerate-compat.md", "docs/fault-tolerance.md"):
         assert (ROOT / linked).is_file()
     assert "torchbay-cuda" in _in_tree_distributions()  # the distribution it names is published here
+
+
+# --- issue 36: an Accelerate config given to torchbay launch, a table that fits the terminal ----------------------
+
+def test_launch_reads_an_accelerate_config_file_through_the_import(tmp_path, script):
+    accelerate_file = ROOT / "tests" / "fixtures" / "accelerate" / "multi_node.yaml"
+    done = torchbay("launch", "--config_file", str(accelerate_file), "--dry-run", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "torchbay config import-accelerate" in done.stderr and len(done.stderr) < 1500, done.stderr
+    assert "num_processes = 16" in done.stdout, done.stdout
+
+
+def test_plugins_table_fits_the_terminal(tmp_path):
+    done = torchbay("plugins", cwd=tmp_path, env={"COLUMNS": "140"})
+    assert done.returncode == 0 and max(len(line) for line in done.stdout.splitlines()) <= 140, done.stdout
+
+
+def test_readme_says_to_activate_the_venv():
+    assert "source .venv/bin/activate" in (ROOT / "README.md").read_text()

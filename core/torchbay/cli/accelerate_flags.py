@@ -42,6 +42,8 @@ class AccelerateLaunchFlags:
         self._table = table
         self._pm = pm
         self.dests: dict[str, str] = getattr(parser, "_torchbay_config_dests", {})
+        #: torchbay key -> the Accelerate flag that set it (``config show --sources`` names it)
+        self.origins: dict[str, str] = {}
 
     @property
     def table(self) -> dict[str, Any]:
@@ -84,6 +86,7 @@ class AccelerateLaunchFlags:
         dashed = "--" + key.replace("_", "-")
         if "_" in key and dashed in self.options:
             taken = 0 if eq else _values_taken(self.options[dashed], nxt)
+            self.origins[self.options[dashed].dest] = f"--{key}"
             return ([dashed + eq + value] if eq else [dashed, *([nxt] if taken else [])]), taken
         switches = self.table.get("launch_switches") or {}
         if key in switches:
@@ -93,7 +96,11 @@ class AccelerateLaunchFlags:
             if not eq and nxt is None:
                 raise ConfigError(f"--{key} (accelerate launch's) needs a value", header="bad command line")
             flag, given = self.dests.get(values[key]), value if eq else nxt
+            self.origins[values[key]] = f"--{key}"
             return ([flag, given] if flag else [f"--set={values[key]}={given}"]), 0 if eq else 1
+        section = self._section_of(key)
+        if section is not None:
+            return self._section_flag(key, section, eq, value, nxt)
         from torchbay.plugin.published import LAUNCH_SWITCH, distribution_for
 
         serving = distribution_for(LAUNCH_SWITCH, key)
@@ -106,6 +113,48 @@ class AccelerateLaunchFlags:
                               f"{' '.join(str(reason).split())} (see torchbay launch --help)",
                               header="bad command line")
         return None
+
+    def _section_of(self, key: str) -> str | None:
+        """The Accelerate nested config (``fsdp_config``...) whose key ``key`` is, in an installed plugin's table."""
+        for name, spec in (self.table.get("sections") or {}).items():
+            if "target" in spec and key in (spec.get("keys") or {}):
+                return name
+        return None
+
+    def _section_flag(self, key: str, section: str, eq: str, value: str, nxt: str | None) -> tuple[list[str], int]:
+        """``--fsdp_offload_params true``: the key of Accelerate's ``section`` read as a config file's would be
+        (config_import's rules, the same table), so the flag sets the same torchbay keys."""
+        import json
+
+        import yaml
+
+        from torchbay.compat.config_import import ImportReport, convert_section
+
+        spec = self.table["sections"][section]
+        if eq:
+            given, taken = value, 0
+        elif nxt is not None and (nxt.lower() in BOOL_WORDS or
+                                  not (nxt.startswith("-") or spec["keys"][key].get("switch"))):
+            given, taken = nxt, 1
+        else:
+            given, taken = "true", 0  # a switch (Accelerate's store_true), or a bare flag meaning true
+        parsed: Any = given
+        if given.lower() not in ("no", "yes", "on", "off"):  # YAML would read `--dynamo_backend no` as false
+            try:
+                parsed = yaml.safe_load(given)
+            except yaml.YAMLError:
+                pass
+        report = ImportReport()
+        flat = convert_section(section, spec, {key: parsed}, report)
+        if report.not_imported:
+            _, shown, why = report.not_imported[0]
+            raise ConfigError(f"--{key} {shown} is accelerate launch's; torchbay launch cannot honour it: "
+                              f"{' '.join(str(why).split())} (see torchbay launch --help)", header="bad command line")
+        tokens = []
+        for dotted, setting in flat.items():
+            self.origins[dotted] = f"--{key}"
+            tokens.append(f"--set={dotted}={json.dumps(setting)}")
+        return tokens, taken
 
     def _settings_flags(self, switch: str, meaning: Any) -> list[str]:
         settings = meaning
@@ -120,6 +169,7 @@ class AccelerateLaunchFlags:
             settings = types[meaning]
         tokens: list[str] = []
         for dotted, setting in (settings or {}).items():
+            self.origins[dotted] = f"--{switch}"
             flag = self.dests.get(dotted)
             tokens += [flag, str(setting)] if flag else [f"--set={dotted}={setting}"]
         return tokens

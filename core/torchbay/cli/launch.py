@@ -59,7 +59,10 @@ def launch_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"script '{args.script}' does not exist (to run a module, use torchbay launch -m NAME)",
                           header="nothing to launch")
     pm = get_plugin_manager()
-    resolved = resolve_from_args(args, pm=pm)
+    try:
+        resolved = resolve_from_args(args, pm=pm)
+    finally:
+        _remove_imported_config(args)
     plan, context, env = prepare(resolved, pm)
     check_port_free(plan)
     setup = (f"device {context.device_backend_cls.name}, strategy {context.strategy_cls.name}, "
@@ -80,6 +83,17 @@ def launch_command(args: argparse.Namespace) -> int:
     if _is_console_command():
         _exit_now(code)
     return code
+
+
+def _remove_imported_config(args: argparse.Namespace) -> None:
+    """The temporary torchbay config imported from an Accelerate ``--config_file`` has been read: remove it (that
+    file only, which torchbay wrote; the workers get the resolved config)."""
+    import os
+
+    imported = getattr(args, "_imported_config", None)
+    if imported and os.path.isfile(imported):
+        os.remove(imported)
+    args._imported_config = None
 
 
 def _found_config(args: argparse.Namespace) -> str:

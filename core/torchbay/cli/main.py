@@ -101,14 +101,25 @@ def _command_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argpars
     return parser
 
 
-def with_accelerate_spellings(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """``torchbay launch`` reads ``accelerate launch``'s flags (cli/accelerate_flags.py)."""
-    if not argv or argv[0] != "launch":  # (apply_plugin_flags took the -p options before the command)
-        return argv
+#: the commands that read ``accelerate launch``'s flags: they take the same settings
+ACCELERATE_SPELLINGS = (("launch",), ("config", "show"))
+
+
+def with_accelerate_spellings(parser: argparse.ArgumentParser, argv: list[str],
+                              origins: dict[str, str] | None = None) -> list[str]:
+    """``torchbay launch`` (and ``config show``) read ``accelerate launch``'s flags (cli/accelerate_flags.py);
+    ``origins`` receives ``{torchbay key: the Accelerate flag that set it}``."""
     from torchbay.cli.accelerate_flags import AccelerateLaunchFlags
 
-    launch = _subparser(parser, "launch")
-    return argv[:1] + AccelerateLaunchFlags(launch).translate(argv[1:])
+    for command in ACCELERATE_SPELLINGS:  # (apply_plugin_flags took the -p options before the command)
+        if tuple(argv[:len(command)]) == command:
+            inner = _command_parser(parser, list(command))
+            flags = AccelerateLaunchFlags(inner)
+            translated = argv[:len(command)] + flags.translate(argv[len(command):])
+            if origins is not None:
+                origins.update(flags.origins)
+            return translated
+    return argv
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), "")
     try:
         parser = build_parser()
-        argv = with_accelerate_spellings(parser, argv)
+        origins: dict[str, str] = {}
+        imported = None
+        if argv[:1] == ["launch"]:  # an Accelerate config file is read as `config import-accelerate` reads it
+            from torchbay.compat.commands import with_torchbay_config
+
+            rest, imported = with_torchbay_config(argv[1:])
+            argv = ["launch", *rest]
+        argv = with_accelerate_spellings(parser, argv, origins)
         args, unknown = parser.parse_known_args(argv)
         if unknown:
             from torchbay.cli.accelerate_flags import unknown_option_message
@@ -128,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         command = args.command
         args._argv = argv
+        args._flag_origins = origins
+        args._imported_config = imported
         return int(args.func(args) or 0)
     except TorchbayError as exc:
         print(f"torchbay {command}: error: {exc}".replace("torchbay : ", "torchbay: "), file=sys.stderr)

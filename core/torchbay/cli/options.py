@@ -216,7 +216,11 @@ def resolve_from_args(args: argparse.Namespace, pm=None, environ=None):
 
 
 def flag_for(args: argparse.Namespace, dotted: str) -> str:
-    """The flag that set ``dotted`` (for messages): its own flag, or ``--set``."""
+    """The flag that set ``dotted`` (for messages): the ``accelerate launch`` flag read for it, its own flag, or
+    ``--set``."""
+    origins = getattr(args, "_flag_origins", None) or {}
+    if dotted in origins:
+        return origins[dotted]
     if any(dotted == k or dotted.startswith(k + ".") for k in getattr(args, "_set_keys", [])):
         return f"--set {dotted}=..."
     return getattr(args, "_config_dests", {}).get(dotted, f"--set {dotted}=...")

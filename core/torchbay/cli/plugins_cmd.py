@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 
 
 def register(subparsers) -> None:
@@ -58,6 +59,36 @@ def requirement_lines(pm) -> list[str]:
     return lines
 
 
+#: the narrowest a wrapped column (HOOKS, REGISTERS) becomes before the table is let past the terminal's width
+MIN_WRAPPED = 16
+
+
+def fit_widths(headers: tuple[str, ...], cells: list[tuple[str, ...]], columns: int) -> list[int]:
+    """Each column's width; the last two (comma lists) share what the terminal has left and wrap inside it."""
+    widths = [max(len(headers[i]), *(len(c[i]) for c in cells)) if cells else len(headers[i])
+              for i in range(len(headers))]
+    fixed = sum(widths[:-2]) + 2 * (len(widths) - 1)
+    room = columns - fixed
+    if sum(widths[-2:]) <= room:
+        return widths
+    hooks, registers = widths[-2:]
+    # never narrower than one item of the list (a hook name is not cut in two)
+    least = [max([MIN_WRAPPED, *(len(item) for c in cells for item in c[i].split(", "))]) for i in (-2, -1)]
+    widths[-2] = min(hooks, max(least[0], room * hooks // (hooks + registers)))
+    widths[-1] = min(registers, max(least[1], room - widths[-2]))
+    return widths
+
+
+def _wrapped_row(row: tuple[str, ...], widths: list[int]) -> list[str]:
+    """The lines of one table row, each cell wrapped (at ", ") to its column's width."""
+    import textwrap
+
+    parts = [textwrap.wrap(cell, width=width, break_on_hyphens=False) or [""] for cell, width in zip(row, widths)]
+    height = max(len(p) for p in parts)
+    return ["  ".join((p[i] if i < len(p) else "").ljust(w) for p, w in zip(parts, widths)).rstrip()
+            for i in range(height)]
+
+
 def plugins_command(args: argparse.Namespace) -> int:
     from torchbay.plugin.manager import get_plugin_manager
 
@@ -72,11 +103,12 @@ def plugins_command(args: argparse.Namespace) -> int:
     headers = ("NAME", "DISTRIBUTION", "VERSION", "API", "STATUS", "HOOKS", "REGISTERS")
     cells = [(r["name"], r["distribution"], r["version"], r["api"], r["status"], ", ".join(r["hooks"]) or "-",
               ", ".join(r["registers"]) or "-") for r in table]
-    widths = [max(len(headers[i]), *(len(c[i]) for c in cells)) if cells else len(headers[i])
-              for i in range(len(headers))]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    widths = fit_widths(headers, cells, shutil.get_terminal_size().columns)
+    for line in _wrapped_row(headers, widths):
+        print(line)
     for row, r in zip(cells, table):
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        for line in _wrapped_row(row, widths):
+            print(line)
         if r["error"]:
             print(f"    error: {r['error']}")
         if r.get("fix"):

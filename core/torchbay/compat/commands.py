@@ -23,18 +23,32 @@ default_config_file = os.path.join(
 class AccelerateConfigFile:
     """An Accelerate config file's settings (``load_config_from_file(path).to_dict()``)."""
 
-    def __init__(self, settings: dict[str, Any], path: str):
-        self._settings = settings
+    def __init__(self, settings: dict[str, Any] | None = None, path: str | None = None, **given: Any):
+        self._settings = {**(settings or {}), **given}  # ClusterConfig(compute_environment=..., ...) too
         self.path = path
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self._settings)
+
+    def to_yaml_file(self, yaml_file: str) -> None:
+        """Write the settings as YAML to ``yaml_file``; only a new file, or the file these settings came from."""
+        import yaml
+
+        if os.path.exists(yaml_file) and os.path.abspath(yaml_file) != os.path.abspath(self.path or ""):
+            raise ConfigError(f"{yaml_file} exists and is not the file these settings were read from: torchbay "
+                              "does not write over it; give a new path")
+        with open(yaml_file, "w", encoding="utf-8") as handle:
+            yaml.safe_dump(self.to_dict(), handle, sort_keys=False)
 
     def __getattr__(self, name: str) -> Any:
         try:
             return self._settings[name]
         except KeyError:
             raise AttributeError(f"{self.path} has no setting {name!r}") from None
+
+
+#: Accelerate's config classes (``accelerate.commands.config.config_args``): one settings holder serves them
+BaseConfig = ClusterConfig = AccelerateConfigFile
 
 
 def load_config_from_file(config_file: str | None = None) -> AccelerateConfigFile:
@@ -60,7 +74,8 @@ class _LaunchParser(argparse.ArgumentParser):
         import sys
 
         parser = build_parser()
-        given, imported_config = _with_torchbay_config(list(sys.argv[1:] if args is None else args))
+        given, imported_config = with_torchbay_config(_with_default_config(list(sys.argv[1:] if args is None
+                                                                                else args)))
         argv = with_accelerate_spellings(parser, ["launch", "--as-accelerate", *given])  # --num_processes...
         parsed = parser.parse_args(argv)
         parsed._argv = argv
@@ -68,7 +83,25 @@ class _LaunchParser(argparse.ArgumentParser):
         return parsed
 
 
-def _with_torchbay_config(args: list[str]) -> tuple[list[str], str | None]:
+def _with_default_config(args: list[str]) -> list[str]:
+    """As ``accelerate launch`` does, Accelerate's default config file is read when no config file is named (and
+    neither ``./torchbay.yaml`` nor ``TORCHBAY_CONFIG_FILE`` names one)."""
+    from torchbay.cli.options import DEFAULT_CONFIG_FILE
+    from torchbay.config.files import CONFIG_FILE_ENV
+
+    before_script = []
+    for token in args:
+        if not token.startswith("-"):
+            break
+        before_script.append(token.partition("=")[0])
+    named = {"--config_file", "--config-file"} & set(before_script)
+    if named or os.environ.get(CONFIG_FILE_ENV) or os.path.isfile(DEFAULT_CONFIG_FILE) or \
+            not os.path.isfile(default_config_file):
+        return args
+    return ["--config_file", default_config_file, *args]
+
+
+def with_torchbay_config(args: list[str]) -> tuple[list[str], str | None]:
     """Replace an Accelerate ``--config_file`` (before the script) by the torchbay config imported from it.
 
     The import is what ``torchbay config import-accelerate`` does; its report goes to stderr, and the imported

@@ -227,6 +227,19 @@ def _convert_section(acc_section: str, spec: dict, body: dict, put, report: Impo
                 put(f"{acc_section}.{key}", f"{target}.{sub}", value, body.get(key))
 
 
+def convert_section(acc_section: str, spec: dict, body: dict, report: ImportReport) -> dict[str, Any]:
+    """``{torchbay dotted key: value}`` for the keys ``body`` of Accelerate's nested config ``acc_section`` (its
+    table entry ``spec``), each also listed in ``report``: what ``accelerate launch``'s flag of the same name sets."""
+    flat: dict[str, Any] = {}
+
+    def put(acc_key: str, dotted: str, value: Any, original: Any = None) -> None:
+        flat[dotted] = value
+        report.mapped.append((acc_key, value if original is None else original, dotted, value))
+
+    _convert_section(acc_section, spec, body, put, report, flat)
+    return flat
+
+
 def _check(tree: dict, table: dict, report: ImportReport, pm, config_model) -> None:
     """Validate against the installed sections; name what cannot be checked here."""
     from pydantic import ValidationError

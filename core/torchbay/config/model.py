@@ -141,6 +141,11 @@ class LaunchSection(Section):
     rdzv_id: str = Field("none", description="rendezvous job id, the same on every machine of a job")
     max_restarts: int = Field(0, ge=0)
     monitor_interval: float = Field(0.1, gt=0)
+    cpu_threads_per_process: Optional[int] = Field(None, ge=1, description="OMP_NUM_THREADS of every worker "
+                                                   "(default: the cores shared out on the cpu device, else 1)")
+    tee: Optional[str] = Field(None, description="torchrun --tee: also write each worker's output (0..3) to log_dir")
+    log_dir: Optional[str] = Field(None, description="torchrun --log-dir: where worker logs go")
+    rdzv_conf: Optional[str] = Field(None, description="torchrun --rdzv-conf: extra rendezvous settings (k1=v1,k2=v2)")
     as_accelerate: bool = Field(False, description="the workers answer `import accelerate` with torchbay, for "
                                                    "transformers/peft/trl/diffusers (TORCHBAY_AS_ACCELERATE=1 in "
                                                    "their environment)")

@@ -103,6 +103,7 @@ class LaunchPlan:
     rank: int | None = None  # direct mode: this process's rank
     local_rank: int | None = None
     rdzv_id: str = "none"
+    torchrun_options: dict[str, str] = dataclasses.field(default_factory=dict)  # --tee, --log-dir, --rdzv-conf
 
     def cluster(self) -> ClusterEnvironment:
         return PlannedCluster(self.num_processes, self.nproc_per_node, self.machine_rank,
@@ -228,7 +229,14 @@ def plan_launch(resolved: ResolvedConfig, pm, *, environ: Mapping[str, str] | No
                       main_process_port=values["main_process_port"], rdzv_backend=values["rdzv_backend"],
                       rdzv_endpoint=values["rdzv_endpoint"], max_restarts=values["max_restarts"],
                       monitor_interval=values["monitor_interval"], sources=src, allocation=alloc_name,
-                      rank=rank, local_rank=local_rank, rdzv_id=resolved.config.launch.rdzv_id)
+                      rank=rank, local_rank=local_rank, rdzv_id=resolved.config.launch.rdzv_id,
+                      torchrun_options=_torchrun_options(resolved.config.launch))
+
+
+def _torchrun_options(launch) -> dict[str, str]:
+    """torchrun's own options that torchbay passes through as set (``--tee 3 --log-dir logs``)."""
+    given = {"--tee": launch.tee, "--log-dir": launch.log_dir, "--rdzv-conf": launch.rdzv_conf}
+    return {flag: str(value) for flag, value in given.items() if value is not None}
 
 
 def apply_plan(resolved: ResolvedConfig, plan: LaunchPlan) -> None:
@@ -254,7 +262,8 @@ def prepare(resolved: ResolvedConfig, pm, *, environ: Mapping[str, str] | None =
     env = dict(device_cls.worker_env(resolved.config, plan.nproc_per_node))
     env.update(context.strategy_cls.launch_env(plan.nproc_per_node, resolved.config, device_cls))
     env = {key: str(value) for key, value in env.items()}
-    env.update(cpu_threads_env(context, plan, os.environ if environ is None else environ))
+    env.update(cpu_threads_env(context, plan, os.environ if environ is None else environ,
+                               resolved.config.launch.cpu_threads_per_process))
     if resolved.config.launch.as_accelerate:
 
         env[SWITCH_ENV] = "1"
@@ -262,10 +271,14 @@ def prepare(resolved: ResolvedConfig, pm, *, environ: Mapping[str, str] | None =
     return plan, context, env
 
 
-def cpu_threads_env(context, plan: LaunchPlan, environ: Mapping[str, str]) -> dict[str, str]:
+def cpu_threads_env(context, plan: LaunchPlan, environ: Mapping[str, str],
+                    chosen: int | None = None) -> dict[str, str]:
     """``OMP_NUM_THREADS`` for the workers when several share a machine and the user set none: what
     torchrun would set (1), but quietly; on the cpu device the machine's cores shared out instead
-    (as Accelerate does for CPU jobs), since there they do the work."""
+    (as Accelerate does for CPU jobs), since there they do the work. ``chosen``
+    (launch.cpu_threads_per_process) wins."""
+    if chosen is not None:  # asked for (accelerate launch --num_cpu_threads_per_process): it wins, as there
+        return {"OMP_NUM_THREADS": str(chosen)}
     if "OMP_NUM_THREADS" in environ or plan.nproc_per_node <= 1:
         return {}
     threads = 1

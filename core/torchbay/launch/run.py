@@ -37,6 +37,8 @@ def torchrun_argv(plan: LaunchPlan, target: str, target_args: list[str], module:
         # every machine of the job must use the same id (torchrun's default is "none")
         argv += ["--rdzv-backend", plan.rdzv_backend, "--rdzv-endpoint", plan.rdzv_endpoint or "localhost:0",
                  "--rdzv-id", plan.rdzv_id]
+    for flag, value in plan.torchrun_options.items():
+        argv += [flag, value]
     argv.append(WORKER)
     argv += (["-m", target] if module else [target]) + list(target_args)
     return argv
