@@ -85,8 +85,9 @@ def prepare_data_loader(dataloader: DataLoader, device: Any = None, num_processe
     if split_batches:
         _check_split(dataloader, num_processes)
     dataset = dataloader.dataset
-    batch_sampler = dataloader.batch_sampler if not isinstance(dataset, IterableDataset) else None
     sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
+    batch_sampler = None if isinstance(dataset, IterableDataset) else \
+        dataloader.sampler if sampler_is_batch_sampler else dataloader.batch_sampler
     synchronized_generator = None
     sampler = get_sampler(dataloader)
     seed = data_seed if data_seed is not None else strategy.broadcast_object(torch.initial_seed())
@@ -108,8 +109,7 @@ def prepare_data_loader(dataloader: DataLoader, device: Any = None, num_processe
                     seed_now = int(torch.empty((), dtype=torch.int64).random_().item())
                     sampler.generator = torch.Generator().manual_seed(seed_now)
                 synchronized_generator = sampler.generator
-            batch_sampler = BatchSamplerShard(dataloader.sampler if sampler_is_batch_sampler else
-                                              dataloader.batch_sampler, num_processes=num_processes,
+            batch_sampler = BatchSamplerShard(batch_sampler, num_processes=num_processes,
                                               process_index=process_index, split_batches=split_batches,
                                               even_batches=even_batches)
     if rng_types is not None:
