@@ -10,10 +10,11 @@ __all__ = ['prepare_data_loader', 'skip_first_batches', 'get_sampler', 'Prepared
            'DataLoaderDispatcher', 'DataLoaderStateMixin', 'SkipDataLoader', 'SkipFirstBatches', 'BatchSamplerShard',
            'IterableDatasetShard', 'SkipBatchSampler', 'SeedableRandomSampler']
 _SOURCES = {
-    "torchbay.data.prepare": ["prepare_data_loader", "skip_first_batches", "get_sampler"],
+    "torchbay.data.prepare": ["prepare_data_loader", "skip_first_batches"],
     "torchbay.data.dispatch": ["DataLoaderDispatcher"],
     "torchbay.data.epoch": ["DataLoaderStateMixin"],
-    "torchbay.data.loader": ["PreparedDataLoader", "DataLoaderShard", "SkipDataLoader", "SkipFirstBatches"],
+    "torchbay.data.loader": ["get_sampler", "PreparedDataLoader", "DataLoaderShard", "SkipDataLoader",
+                             "SkipFirstBatches"],
     "torchbay.data.sharding": ["BatchSamplerShard", "IterableDatasetShard", "SkipBatchSampler",
                                "SeedableRandomSampler"],
 }

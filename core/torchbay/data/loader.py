@@ -38,6 +38,13 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False)
     return send_to_device(batch, device, non_blocking=non_blocking)
 
 
+def get_sampler(dataloader: DataLoader) -> Any:
+    """The sampler behind a loader's batch sampler (or behind its sampler, when that is a batch sampler)."""
+    if isinstance(dataloader.sampler, BatchSampler):
+        return getattr(dataloader.sampler, "sampler", None)
+    return getattr(dataloader.batch_sampler, "sampler", None)
+
+
 class PreparedDataLoader(DataLoader, DataLoaderStateMixin):
     """The part every prepared loader shares: construction, epochs, ``set_epoch``, sizes, resume state."""
 
@@ -108,8 +115,6 @@ class PreparedDataLoader(DataLoader, DataLoaderStateMixin):
         return len(self.base_dataloader)
 
     def get_sampler(self) -> Any:
-        from torchbay.data.prepare import get_sampler
-
         return get_sampler(self)
 
     def set_sampler(self, sampler: Any) -> None:
@@ -285,7 +290,7 @@ class SkipFirstBatches(DataLoader):
 
 #: names of ``accelerate.data_loader`` implemented beside this module (it answers for that module)
 _BESIDE = {"DataLoaderDispatcher": "torchbay.data.dispatch", "prepare_data_loader": "torchbay.data.prepare",
-           "skip_first_batches": "torchbay.data.prepare", "get_sampler": "torchbay.data.prepare"}
+           "skip_first_batches": "torchbay.data.prepare"}
 
 
 def __getattr__(name: str) -> Any:

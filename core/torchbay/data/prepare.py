@@ -15,20 +15,13 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from torchbay.data.dispatch import DataLoaderDispatcher
-from torchbay.data.loader import DataLoaderShard, PreparedDataLoader, SkipDataLoader, SkipFirstBatches
+from torchbay.data.loader import DataLoaderShard, PreparedDataLoader, SkipDataLoader, SkipFirstBatches, get_sampler
 from torchbay.data.sharding import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler
 from torchbay.errors import ConfigError
 
 #: DataLoader arguments a prepared loader takes over from the user's loader
 _LOADER_ARGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
                 "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order")
-
-
-def get_sampler(dataloader: DataLoader) -> Any:
-    """The sampler behind a loader's batch sampler (or behind its sampler, when that is a batch sampler)."""
-    if isinstance(dataloader.sampler, BatchSampler):
-        return getattr(dataloader.sampler, "sampler", None)
-    return getattr(dataloader.batch_sampler, "sampler", None)
 
 
 def _loader_args(dataloader: DataLoader) -> dict[str, Any]:
