@@ -5,7 +5,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler, TensorDataset
 
 from torchbay import Accelerator, DataLoaderConfiguration
-from torchbay.data.loader import IterableShard, SeedableRandomSampler, ShardedBatchSampler
+from torchbay.data.loader import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler
 
 
 def shards(n, batch_size, world, split=False, even=True, drop_last=False):
@@ -71,7 +71,7 @@ class Stream(IterableDataset):
 
 
 def test_iterable_dataset_is_sliced_per_process():
-    parts = [list(IterableShard(Stream(), 2, 2, rank, split_batches=False)) for rank in range(2)]
+    parts = [list(IterableDatasetShard(Stream(), 2, num_processes=2, process_index=rank)) for rank in range(2)]
     assert parts == [[0, 1, 4, 5, 8, 9], [2, 3, 6, 7, 0, 1]]
 
 

@@ -23,10 +23,11 @@ def _assert_weights_close(a, b, atol):
 
 
 def test_two_process_ddp_matches_one_process(tmp_path, script):
-    run_python(script("core_train.py"),
-               ["--out", str(tmp_path / "single"), "--batch-size", "8", "--steps", "10"]).check()
-    run_torchrun(script("core_train.py"), 2,
-                 ["--out", str(tmp_path / "ddp"), "--batch-size", "4", "--steps", "10"]).check()
+    # the same global order at 1 and 2 processes needs use_seedable_sampler, as on Accelerate: without it a
+    # multi-process loader shuffles with a generator drawn at prepare (issue 36: Accelerate's order)
+    common = ["--steps", "10", "--seedable-sampler"]
+    run_python(script("core_train.py"), ["--out", str(tmp_path / "single"), "--batch-size", "8", *common]).check()
+    run_torchrun(script("core_train.py"), 2, ["--out", str(tmp_path / "ddp"), "--batch-size", "4", *common]).check()
     (single,) = _load(tmp_path / "single", 1)
     ddp0, ddp1 = _load(tmp_path / "ddp", 2)
     assert ddp0["world"] == 2 and ddp0["strategy"] == "ddp" and single["strategy"] == "single"

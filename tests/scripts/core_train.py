@@ -20,6 +20,7 @@ p.add_argument("--stop-at", type=int, default=5)
 p.add_argument("--batch-size", type=int, default=4)
 p.add_argument("--ga", type=int, default=1)
 p.add_argument("--split-batches", action="store_true")
+p.add_argument("--seedable-sampler", action="store_true", help="the same global order at any number of processes")
 p.add_argument("--ckpt", default="")
 p.add_argument("--out", required=True)
 p.add_argument("--mixed-precision", default="no")
@@ -39,7 +40,8 @@ class Progress:
 
 
 accelerator = Accelerator(gradient_accumulation_steps=args.ga, mixed_precision=args.mixed_precision,
-                          dataloader_config=DataLoaderConfiguration(split_batches=args.split_batches))
+                          dataloader_config=DataLoaderConfiguration(split_batches=args.split_batches,
+                                                                    use_seedable_sampler=args.seedable_sampler))
 set_seed(1234)
 n = 40
 x = torch.randn(n, 8)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import gc
+import weakref
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -35,7 +36,7 @@ from torchbay.config.handlers import (
 from torchbay.config.model import ResolvedConfig
 from torchbay.config.resolve import config_model, resolve_config
 from torchbay.data.gradient_state import GradientState
-from torchbay.data.loader import PreparedDataLoader, SkipFirstBatches
+from torchbay.data.prepare import skip_first_batches
 from torchbay.errors import ConfigError, TorchbayError
 from torchbay.plugin.manager import get_plugin_manager
 from torchbay.plugin.selection import build_context
@@ -69,13 +70,11 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Acce
                  gradient_accumulation_plugin: GradientAccumulationPlugin | None = None, log_with: Any = None,
                  **accelerate_args: Any):
         tracker_names, tracker_instances = self._log_with_names(log_with)
-        sync_each_batch, adjust_scheduler = False, True
+        sync_each_batch, adjust_scheduler, sync_with_dataloader = False, True, True
         if gradient_accumulation_plugin is not None:
             sync_each_batch = gradient_accumulation_plugin.sync_each_batch
             adjust_scheduler = gradient_accumulation_plugin.adjust_scheduler
-            if not gradient_accumulation_plugin.sync_with_dataloader:
-                raise ConfigError("gradient_accumulation_plugin.sync_with_dataloader=False is not supported: "
-                                  "torchbay always syncs gradients on the last batch of a data loader")
+            sync_with_dataloader = gradient_accumulation_plugin.sync_with_dataloader
             if gradient_accumulation_steps not in (None, gradient_accumulation_plugin.num_steps):
                 raise ConfigError("gradient_accumulation_steps and gradient_accumulation_plugin.num_steps "
                                   "disagree; give one")
@@ -129,7 +128,8 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Acce
         self.checkpoint_io = io_cls(max_shard_size=self.config.checkpoint.max_shard_size)
         self.checkpoint_io.trusted = self.config.checkpoint.allow_unsafe_pickle
 
-        self.gradient_state = GradientState(self.config.gradient_accumulation_steps, sync_each_batch=sync_each_batch)
+        self.gradient_state = GradientState(self.config.gradient_accumulation_steps, sync_each_batch=sync_each_batch,
+                                            sync_with_dataloader=sync_with_dataloader)
         self.gradient_state._adjust_scheduler = adjust_scheduler
         self._distributed_type = distributed_type_for(self.strategy, self.device_backend)
         self._adopt_state()
@@ -143,7 +143,8 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Acce
         PartialState._adopt(PartialState.__new__(PartialState), self.strategy, cpu=self.device_backend.name == "cpu",
                             mixed_precision=self.config.mixed_precision)
         PartialState._shared_state["distributed_type"] = self._distributed_type
-        PartialState._shared_state["_gradient_state"] = self.gradient_state
+        # weak: the process state must not keep a dropped accelerator's gradient state (and its loaders) alive
+        PartialState._shared_state["_gradient_state"] = weakref.ref(self.gradient_state)
         self.state = AcceleratorState.__new__(AcceleratorState)
         self.state.__dict__ = PartialState._shared_state
 
@@ -290,10 +291,9 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Acce
                             "models are loaded strictly; a checkpoint that does not fit is an error")
         return str(self._checkpointer.load(input_dir))
 
-    def skip_first_batches(self, dataloader: PreparedDataLoader, num_batches: int = 0) -> SkipFirstBatches:
-        if not isinstance(dataloader, PreparedDataLoader):
-            raise TorchbayError("skip_first_batches takes a data loader returned by accelerator.prepare")
-        return SkipFirstBatches(dataloader, num_batches)
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """One epoch of ``dataloader`` without its first ``num_batches`` (see torchbay.data.prepare)."""
+        return skip_first_batches(dataloader, num_batches)
 
     def get_state_dict(self, model: Any, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The full state dict (gathered from every rank when the strategy shards).

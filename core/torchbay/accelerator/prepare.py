@@ -15,12 +15,13 @@ import functools
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from torchbay.accelerator.prepared import PreparedOptimizer, PreparedScheduler
 from torchbay.compile.compiler import ModelCompiler, bind_forward
 from torchbay.data import operations
-from torchbay.data.loader import DataLoaderDispatcher, DataLoaderShard, LoaderSettings, PreparedDataLoader
+from torchbay.data.loader import PreparedDataLoader, SkipFirstBatches
+from torchbay.data.prepare import prepare_data_loader
 from torchbay.errors import ConfigError
 
 
@@ -35,7 +36,8 @@ class Preparation:
         """
         self.state.distributed_type  # noqa: B018 (raises StateResetError after AcceleratorState._reset_state())
         placements = self._placements(objects, device_placement)
-        objects = [self.precision.convert_module(o) if isinstance(o, torch.nn.Module) else o for o in objects]
+        objects = [self.precision.convert_module(o) if isinstance(o, torch.nn.Module) and not _prepared(o) else o
+                   for o in objects]
         kinds = [self._kind(o) for o in objects]
         for obj, kind, placed in zip(objects, kinds, placements):
             if kind == "model" and not placed:
@@ -64,8 +66,20 @@ class Preparation:
                     self._schedulers.append(obj)
             elif kind == "dataloader":
                 obj = self.prepare_data_loader(obj, device_placement=placed)
+            elif kind == "prepared":
+                self._keep_prepared(obj)
+            if kind != "other":
+                _mark_prepared(obj)
             result.append(obj)
         return result[0] if len(result) == 1 else tuple(result)
+
+    def _keep_prepared(self, obj: Any) -> None:
+        """An object prepared before comes back unchanged; this accelerator tracks it (as Accelerate does)."""
+        bucket = (self._optimizers if isinstance(obj, PreparedOptimizer) else
+                  self._schedulers if isinstance(obj, PreparedScheduler) else
+                  self._dataloaders if isinstance(obj, DataLoader) else self._models)
+        if not any(item is obj for item in bucket):
+            bucket.append(obj)
 
     @property
     def _compiler(self) -> ModelCompiler:
@@ -95,6 +109,8 @@ class Preparation:
 
     @staticmethod
     def _kind(obj: Any) -> str:
+        if _prepared(obj):
+            return "prepared"
         if isinstance(obj, torch.nn.Module):
             return "model"
         if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, PreparedOptimizer):
@@ -149,27 +165,39 @@ class Preparation:
 
     def prepare_data_loader(self, dataloader: DataLoader, device_placement: bool | None = None,
                             slice_fn_for_dispatch: Any = None) -> PreparedDataLoader:
-        if slice_fn_for_dispatch is not None:
-            raise ConfigError("prepare_data_loader(slice_fn_for_dispatch=...) is not supported: dispatched batches "
-                              "are sliced along dim 0 of every tensor")
+        """This process's share of ``dataloader`` (see torchbay.data.prepare: Accelerate's order at the same seed)."""
+        if _prepared(dataloader):
+            self._keep_prepared(dataloader)
+            return dataloader
         self.strategy.connect_dataloader(dataloader)
         cfg = self.config.dataloader
-        seed = (cfg.data_seed if cfg.data_seed is not None
-                else self.strategy.broadcast_object(torch.initial_seed() % 2**62))
         placement = self.config.device_placement if device_placement is None else device_placement
-        dispatch = cfg.dispatch_batches
-        if dispatch is None:  # Accelerate's default: the main process reads iterable datasets
-            dispatch = placement and isinstance(dataloader.dataset, IterableDataset)
         # ranks of one tensor/context parallel group read the same batch: split by the data-parallel rank
-        settings = LoaderSettings(num_processes=self.strategy.data_parallel_size,
-                                  process_index=self.strategy.data_parallel_rank,
-                                  device=self.device if placement else None, split_batches=cfg.split_batches,
-                                  even_batches=cfg.even_batches, dispatch_batches=dispatch,
-                                  use_seedable_sampler=cfg.use_seedable_sampler, non_blocking=cfg.non_blocking,
-                                  use_stateful_dataloader=cfg.use_stateful_dataloader)
-        cls = DataLoaderDispatcher if dispatch else DataLoaderShard
-        loader = cls(dataloader, settings=settings, seed=seed, strategy=self.strategy,
-                     gradient_state=self.gradient_state, device_backend=self.device_backend)
+        loader = prepare_data_loader(dataloader, self.device, num_processes=self.strategy.data_parallel_size,
+                                     process_index=self.strategy.data_parallel_rank,
+                                     split_batches=cfg.split_batches, put_on_device=placement,
+                                     rng_types=list(getattr(self, "rng_types", None) or ["generator"]),
+                                     dispatch_batches=cfg.dispatch_batches, even_batches=cfg.even_batches,
+                                     slice_fn_for_dispatch=slice_fn_for_dispatch,
+                                     use_seedable_sampler=cfg.use_seedable_sampler, data_seed=cfg.data_seed,
+                                     non_blocking=cfg.non_blocking,
+                                     use_stateful_dataloader=cfg.use_stateful_dataloader)
+        loader.gradient_state, loader._strategy = self.gradient_state, self.strategy
+        loader._batches = self.device_backend.wrap_dataloader(loader.base_dataloader)
         self._dataloaders.append(loader)
+        _mark_prepared(loader)
         return loader
+
+
+def _prepared(obj: Any) -> bool:
+    """Whether ``obj`` came out of a ``prepare`` (which then gives it back unchanged)."""
+    return isinstance(obj, (PreparedOptimizer, PreparedScheduler, PreparedDataLoader, SkipFirstBatches)) or \
+        bool(getattr(obj, "_is_accelerate_prepared", False))
+
+
+def _mark_prepared(obj: Any) -> None:
+    try:
+        obj._is_accelerate_prepared = True  # Accelerate's mark, which libraries read
+    except (AttributeError, TypeError):
+        pass
 

@@ -61,7 +61,7 @@ class ProcessControl(ProcessQueries):
                 parts = [parts[r] for r in sources]
             data = [x for part in parts for x in (part if isinstance(part, list) else [part])]
         remainder = self.gradient_state.remainder
-        if self.gradient_state.end_of_dataloader and remainder >= 0:
+        if self.gradient_state.end_of_dataloader and remainder > 0:  # 0 or -1: nothing was added
             return operations.truncate(data, remainder) if is_tensorish else data[:remainder]
         return data
 

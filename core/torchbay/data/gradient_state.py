@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from torchbay.process.state import PartialState
@@ -16,14 +17,16 @@ class GradientState:
     ``active_dataloader``, ``in_dataloader``...).
     """
 
-    def __new__(cls, accumulation_steps: Any = None, sync_each_batch: bool = False):
+    def __new__(cls, accumulation_steps: Any = None, sync_each_batch: bool = False, sync_with_dataloader: bool = True):
         if accumulation_steps is None:  # Accelerate's GradientState(): the latest Accelerator's
             current = PartialState._shared_state.get("_gradient_state")
+            current = current() if isinstance(current, weakref.ref) else current
             if isinstance(current, cls):
                 return current
         return super().__new__(cls)
 
-    def __init__(self, accumulation_steps: Any = None, sync_each_batch: bool = False):
+    def __init__(self, accumulation_steps: Any = None, sync_each_batch: bool = False,
+                 sync_with_dataloader: bool = True):
         if accumulation_steps is None and getattr(self, "_ready", False):
             return  # the shared one, as it is
         self._ready = True
@@ -31,40 +34,42 @@ class GradientState:
         if hasattr(accumulation_steps, "num_steps"):  # Accelerate's GradientState(gradient_accumulation_plugin)
             sync_each_batch = getattr(accumulation_steps, "sync_each_batch", False)
             self._adjust_scheduler = getattr(accumulation_steps, "adjust_scheduler", True)
+            sync_with_dataloader = getattr(accumulation_steps, "sync_with_dataloader", True)
             accumulation_steps = accumulation_steps.num_steps
         self.accumulation_steps = int(accumulation_steps or 1)
         self.sync_each_batch = sync_each_batch
+        self._sync_with_dataloader = bool(sync_with_dataloader)
         self.step = 0
         self.sync_gradients = True
         self._end_of_dataloader = False  # without an active loader
         self._remainder = -1
-        self._active_loaders: list[Any] = []
+        self._active_loaders: list[weakref.ref] = []  # weak: a dropped loader is freed at once
 
     @property
     def end_of_dataloader(self) -> bool:
         """Whether the active loader is serving its last batch."""
         loader = self.active_dataloader
-        return loader._end_of_dataloader if loader is not None else self._end_of_dataloader
+        return loader.end_of_dataloader if loader is not None else self._end_of_dataloader
 
     @end_of_dataloader.setter
     def end_of_dataloader(self, value: bool) -> None:
         loader = self.active_dataloader
         if loader is not None:
-            loader._end_of_dataloader = value
+            loader.end_of_dataloader = value
         else:
             self._end_of_dataloader = value
 
     @property
     def remainder(self) -> int:
-        """Real samples in the active loader's last round (-1: all real), for ``gather_for_metrics``."""
+        """Real samples in the active loader's last global batch (-1: unknown), for ``gather_for_metrics``."""
         loader = self.active_dataloader
-        return loader._remainder if loader is not None else self._remainder
+        return loader.remainder if loader is not None else self._remainder
 
     @remainder.setter
     def remainder(self, value: int) -> None:
         loader = self.active_dataloader
         if loader is not None:
-            loader._remainder = value
+            loader.remainder = value
         else:
             self._remainder = value
 
@@ -74,7 +79,8 @@ class GradientState:
 
     @property
     def sync_with_dataloader(self) -> bool:
-        return True
+        """Whether the last batch of a loader always synchronises (and starts a new accumulation window)."""
+        return self._sync_with_dataloader
 
     @property
     def adjust_scheduler(self) -> bool:
@@ -93,15 +99,19 @@ class GradientState:
 
     @property
     def active_dataloader(self) -> Any:
-        return self._active_loaders[-1] if self._active_loaders else None
+        loaders = self._live_loaders()
+        return loaders[-1] if loaders else None
 
     @property
     def dataloader_references(self) -> list[Any]:
-        return [None, *self._active_loaders]
+        return [None, *self._live_loaders()]
 
     @property
     def in_dataloader(self) -> bool:
-        return bool(self._active_loaders)
+        return bool(self._live_loaders())
+
+    def _live_loaders(self) -> list[Any]:
+        return [loader for loader in (ref() for ref in self._active_loaders) if loader is not None]
 
     @property
     def initialized(self) -> bool:
@@ -117,7 +127,7 @@ class GradientState:
 
     def advance(self) -> bool:
         """Called by ``accumulate``: decide whether this micro-batch syncs."""
-        if self.end_of_dataloader:
+        if self.sync_with_dataloader and self.end_of_dataloader:
             self.step = 0
             self.sync_gradients = True
         else:
@@ -125,11 +135,10 @@ class GradientState:
             self.sync_gradients = self.step % self.accumulation_steps == 0
         return self.sync_gradients
 
-    def begin_dataloader(self, loader) -> None:
-        loader._end_of_dataloader, loader._remainder = False, -1
-        self._active_loaders.append(loader)
+    def _add_dataloader(self, loader) -> None:
+        """A loader starts an epoch: it is the active one until it ends (Accelerate's name)."""
+        self._active_loaders.append(weakref.ref(loader))
 
-    def end_dataloader(self, loader) -> None:
-        loader._end_of_dataloader, loader._remainder = False, -1
-        if any(d is loader for d in self._active_loaders):
-            self._active_loaders = [d for d in self._active_loaders if d is not loader]
+    def _remove_dataloader(self, loader) -> None:
+        """A loader's epoch ended (or was abandoned)."""
+        self._active_loaders = [ref for ref in self._active_loaders if ref() is not None and ref() is not loader]

@@ -1,14 +1,17 @@
-"""How a prepared data loader splits its data between processes.
+"""How a prepared data loader splits its data between processes (Accelerate's ``accelerate.data_loader`` samplers).
 
-- :class:`SeedableRandomSampler`: a random order every process agrees on, reseeded per epoch;
-- :class:`ShardedBatchSampler` / :class:`BatchSamplerShard`: each process's batches of a
-  map-style dataset (``split_batches``, ``even_batches``);
-- :class:`IterableShard`: each process's items of an iterable dataset.
+- :class:`SeedableRandomSampler`: a random order that depends only on a seed and the epoch;
+- :class:`BatchSamplerShard`: each process's batches of a map-style dataset (``split_batches``, ``even_batches``,
+  batch samplers whose batches vary in size);
+- :class:`IterableDatasetShard`: each process's samples of an iterable dataset;
+- :class:`SkipBatchSampler`: a batch sampler without its first batches.
+
+Every rule (which process gets which batch, how the last round is completed) is Accelerate 1.15's, so a run
+serves the same samples on torchbay as on Accelerate; tests/data/test_data_accelerate.py compares them.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any, Iterator
 
@@ -21,8 +24,8 @@ from torchbay.errors import ConfigError
 class SeedableRandomSampler(RandomSampler):
     """A ``RandomSampler`` whose order depends only on its seed and epoch (Accelerate's name and signature).
 
-    The seed is ``data_seed`` (or torchbay's ``seed=``) when given, else ``torch.initial_seed()``
-    when created; each full pass moves to the next epoch, as Accelerate's does.
+    The seed is ``data_seed`` (or torchbay's ``seed=``) when given, else ``torch.initial_seed()`` when created; each
+    full pass moves to the next epoch. A given ``generator`` is reseeded at every pass.
     """
 
     def __init__(self, data_source=None, replacement: bool = False, num_samples: int | None = None,
@@ -51,18 +54,23 @@ class SeedableRandomSampler(RandomSampler):
         self.set_epoch(self.epoch + 1)
 
 
-class ShardedBatchSampler:
-    """Yields this process's batches of index lists, from a batch sampler over the dataset.
+def _split_batches_error(batch_size: Any, num_processes: int) -> ConfigError:
+    return ConfigError(f"split_batches needs the batch size ({batch_size}) to be a round multiple of the number of "
+                       f"processes ({num_processes}): give the DataLoader (or its batch sampler) such a batch_size, "
+                       f"or turn split_batches off")
 
-    Without ``split_batches`` each process takes every ``num_processes``-th batch; with it,
-    each global batch is cut into ``num_processes`` slices. With ``even_batches`` the last
-    round is completed with indices from the start of the epoch, so every process gets the
-    same number of equally sized batches; :attr:`last_real_samples` then tells how many of
-    the last round's samples are real (``gather_for_metrics`` drops the rest).
+
+class BatchSamplerShard(BatchSampler):
+    """This process's batches from a batch sampler over the whole dataset.
+
+    Without ``split_batches`` process ``i`` takes batches ``i``, ``i + n``, ... ; with it, every batch is cut into
+    ``n`` slices. With ``even_batches`` the last round is completed with samples (or, for batch samplers whose
+    batches vary in size, whole batches) from the start of the epoch, so every process serves as many batches;
+    ``drop_last`` drops the incomplete round instead.
     """
 
-    def __init__(self, batch_sampler: BatchSampler, num_processes: int, process_index: int,
-                 split_batches: bool, even_batches: bool):
+    def __init__(self, batch_sampler: Any, num_processes: int = 1, process_index: int = 0,
+                 split_batches: bool = False, even_batches: bool = True):
         self.batch_sampler = batch_sampler
         self.num_processes = num_processes
         self.process_index = process_index
@@ -70,116 +78,168 @@ class ShardedBatchSampler:
         self.even_batches = even_batches
         self.batch_size = getattr(batch_sampler, "batch_size", None)
         self.drop_last = getattr(batch_sampler, "drop_last", False)
-        self.skip = 0
-        self.on_start = None  # called where the wrapped sampler starts drawing (the loader's RNG bookkeeping)
-        self.last_real_samples: int | None = None
-        if split_batches and self.batch_size and self.batch_size % num_processes:
-            raise ConfigError(f"dataloader.split_batches needs the batch size ({self.batch_size}) to be a "
-                              f"multiple of the number of processes ({num_processes}); change one of them")
+        if split_batches and (self.batch_size is None or self.batch_size % num_processes):
+            raise _split_batches_error(self.batch_size, num_processes)
 
     @property
-    def per_process_batch_size(self) -> int:
+    def total_length(self) -> int:
+        return len(self.batch_sampler)
+
+    @property
+    def per_process_batch_size(self) -> int | None:
+        if self.batch_size is None:
+            return None
         return self.batch_size // self.num_processes if self.split_batches else self.batch_size
 
     def __len__(self) -> int:
-        n = len(self.batch_sampler)
-        if self.split_batches or self.num_processes == 1:
-            return n
+        total, n = len(self.batch_sampler), self.num_processes
+        if self.split_batches or total % n == 0:
+            return total if self.split_batches else total // n
         if self.drop_last:
-            return n // self.num_processes
-        return math.ceil(n / self.num_processes) if self.even_batches else (
-            n // self.num_processes + int(self.process_index < n % self.num_processes))
+            return total // n
+        if self.even_batches:
+            return total // n + 1
+        return total // n + int(self.process_index < total % n)
 
     def __iter__(self) -> Iterator[list[int]]:
-        skip, self.skip = self.skip, 0
-        if self.on_start is not None:
-            self.on_start()
-        for i, batch in enumerate(self._batches()):
-            if i >= skip:
-                yield batch
+        return self._sliced() if self.split_batches else self._round_robin()
 
-    def _batches(self) -> Iterator[list[int]]:
-        self.last_real_samples = None
-        width = self.num_processes
-        if width == 1:  # a short last batch is the only one with fewer real samples than a full one
-            for batch in self.batch_sampler:
-                self.last_real_samples = len(batch) if self.batch_size and len(batch) < self.batch_size else None
-                yield batch
-            return
-        rounds = self._rounds()
-        first: list[int] = []
-        for group in rounds:
-            if len(first) < self.batch_size * width:
-                first.extend(i for b in group for i in b)
-            complete = len(group) == (1 if self.split_batches else width) and len(group[-1]) == self.batch_size
-            if complete:
-                yield self._slice(group)
-                continue
-            flat = [i for b in group for i in b]
-            self.last_real_samples = len(flat)
-            if self.even_batches:
-                needed = self.batch_size * (1 if self.split_batches else width) - len(flat)
-                flat += list(itertools.islice(itertools.cycle(first), needed))
-                size = self.per_process_batch_size
-                yield flat[self.process_index * size:(self.process_index + 1) * size]
-            else:
-                size = math.ceil(len(flat) / width) if self.split_batches else self.batch_size
-                part = flat[self.process_index * size:(self.process_index + 1) * size]
-                if part:
-                    yield part
+    def _full(self, batch: list[int]) -> bool:
+        return self.batch_size is None or len(batch) == self.batch_size
 
-    def _rounds(self) -> Iterator[list[list[int]]]:
-        if self.split_batches:
-            for batch in self.batch_sampler:
-                yield [list(batch)]
-            return
-        group: list[list[int]] = []
+    def _sliced(self) -> Iterator[list[int]]:
+        """``split_batches``: every process takes its slice of each full batch; the last one is completed."""
+        width = self.batch_size // self.num_processes
+        start, end = width * self.process_index, width * (self.process_index + 1)
+        first: list[int] | None = None
+        batch: list[int] = []
         for batch in self.batch_sampler:
-            group.append(list(batch))
-            if len(group) == self.num_processes:
-                yield group
-                group = []
-        if group and not self.drop_last:
-            yield group
+            first = list(batch) if first is None else first
+            if len(batch) == self.batch_size:
+                yield batch[start:end]
+        if self.drop_last or first is None or len(batch) == self.batch_size:
+            return
+        if not self.even_batches:
+            if len(batch) > start:
+                yield batch[start:end]
+            return
+        while len(first) < self.batch_size:  # a dataset smaller than one batch: repeat it
+            first = first + first
+        yield (list(batch) + first)[start:end]
 
-    def _slice(self, group: list[list[int]]) -> list[int]:
-        if self.split_batches:
-            size = self.per_process_batch_size
-            return group[0][self.process_index * size:(self.process_index + 1) * size]
-        return group[self.process_index]
+    def _round_robin(self) -> Iterator[list[int]]:
+        """Batch ``k`` goes to process ``k % n``; a round is served once its last batch is known to be full."""
+        n, me = self.num_processes, self.process_index
+        start: list[Any] = []  # the first round: whole batches (varying sizes) or their indices (fixed size)
+        mine: list[int] | None = None
+        count, batch = 0, []
+        for count, batch in enumerate(self.batch_sampler, start=1):
+            if not self.drop_last and count <= n:
+                start.append(batch) if self.batch_size is None else start.extend(batch)
+            if (count - 1) % n == me:
+                mine = batch
+            if count % n == 0 and self._full(batch):
+                yield mine
+                mine = None
+        if self.drop_last or not start:
+            return
+        if not self.even_batches:
+            if mine:
+                yield mine
+            return
+        if mine and self._full(mine):
+            yield mine
+        yield from self._completed_round(start, count, batch)
+
+    def _completed_round(self, start: list[Any], count: int, last: list[int]) -> Iterator[list[int]]:
+        """The batches that complete the last round, cycling through ``start``; this process's one, if any."""
+        n, me = self.num_processes, self.process_index
+        needed = n if self.batch_size is None else n * self.batch_size
+        while len(start) < needed:  # fewer samples than one round: repeat them
+            start = start + start
+        position, partial = (count, []) if self._full(last) else (count - 1, list(last))
+        cursor = 0
+        while position % n or partial:
+            if self.batch_size is None:
+                made, cursor = start[cursor], cursor + 1
+            else:
+                taken = self.batch_size - len(partial)
+                made, cursor = partial + start[cursor:cursor + taken], cursor + taken
+            if position % n == me:
+                yield made
+            partial, position = [], position + 1
 
 
-class BatchSamplerShard(ShardedBatchSampler):
-    """Accelerate's name and defaults for :class:`ShardedBatchSampler`."""
+class IterableDatasetShard(IterableDataset):
+    """This process's samples of an iterable dataset (Accelerate's name and signature).
 
-    def __init__(self, batch_sampler: BatchSampler, num_processes: int = 1, process_index: int = 0,
-                 split_batches: bool = False, even_batches: bool = True):
-        super().__init__(batch_sampler, num_processes, process_index, split_batches, even_batches)
+    Samples are read in rounds of ``batch_size * num_processes`` (``batch_size`` with ``split_batches``) and every
+    process keeps its slice; the last round is completed from the first one, or dropped with ``drop_last``.
+    """
 
-
-class IterableShard(IterableDataset):
-    """Each process keeps its slice of every ``batch_size * num_processes`` samples."""
-
-    def __init__(self, dataset, batch_size: int, num_processes: int, process_index: int, split_batches: bool):
+    def __init__(self, dataset: Any, batch_size: int = 1, drop_last: bool = False, num_processes: int = 1,
+                 process_index: int = 0, split_batches: bool = False):
+        if split_batches and batch_size > 1 and batch_size % num_processes:
+            raise _split_batches_error(batch_size, num_processes)
         self.dataset = dataset
-        self.chunk = batch_size if split_batches else batch_size * num_processes
-        self.size = self.chunk // num_processes
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_processes = num_processes
         self.process_index = process_index
+        self.split_batches = split_batches
+        self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
+    def __len__(self) -> int:
+        rounds = len(self.dataset) / (self.batch_size * self.num_processes)
+        return (math.floor(rounds) if self.drop_last else math.ceil(rounds)) * self.batch_size
+
     def __iter__(self):
-        buffer: list[Any] = []
-        first: list[Any] = []
+        generator = getattr(self.dataset, "generator", None)
+        if not hasattr(self.dataset, "set_epoch") and isinstance(generator, torch.Generator):
+            generator.manual_seed(self.epoch)
+        round_size = self.batch_size if self.split_batches else self.batch_size * self.num_processes
+        width = self.batch_size // self.num_processes if self.split_batches else self.batch_size
+        mine = slice(self.process_index * width, (self.process_index + 1) * width)
+        first: list[Any] | None = None
+        current: list[Any] = []
         for sample in self.dataset:
-            buffer.append(sample)
-            if len(first) < self.chunk:
-                first.append(sample)
-            if len(buffer) == self.chunk:
-                yield from buffer[self.process_index * self.size:(self.process_index + 1) * self.size]
-                buffer = []
-        if buffer:  # complete the last round from the start, as even_batches does
-            buffer += list(itertools.islice(itertools.cycle(first), self.chunk - len(buffer)))
-            yield from buffer[self.process_index * self.size:(self.process_index + 1) * self.size]
+            current.append(sample)
+            if len(current) == round_size:
+                yield from current[mine]
+                first = current if first is None else first
+                current = []
+        if self.drop_last or not current:
+            return
+        first = list(current) if first is None else first
+        while len(current) < round_size:
+            current = current + first
+        yield from current[mine]
+
+
+class SkipBatchSampler(BatchSampler):
+    """A batch sampler without the first ``skip_batches`` batches of another one (Accelerate's name)."""
+
+    def __init__(self, batch_sampler: Any, skip_batches: int = 0):
+        self.batch_sampler = batch_sampler
+        self.skip_batches = skip_batches
+
+    def __iter__(self):
+        for index, batch in enumerate(self.batch_sampler):
+            if index >= self.skip_batches:
+                yield batch
+
+    @property
+    def total_length(self) -> int:
+        return len(self.batch_sampler)
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler) - self.skip_batches
+
+
+#: torchbay's earlier names
+ShardedBatchSampler = BatchSamplerShard
