@@ -21,6 +21,7 @@ from torchbay.accelerator.process import ProcessControl
 from torchbay.accelerator.surface import AccelerateSurface, plugin_objects
 from torchbay.accelerator.surface import translate as translate_accelerate_arguments
 from torchbay.accelerator.tracking import Tracking
+from torchbay.accelerator.unwrap import unwrap
 from torchbay.axes.strategy import Strategy
 from torchbay.config.handlers import (
     AutocastKwargs,
@@ -205,12 +206,10 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Acce
 
     def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True,
                      keep_torch_compile: bool = True) -> torch.nn.Module:
-        """The user's module; ``keep_fp32_wrapper=False`` also removes the mixed-precision forward."""
-        inner = self.strategy.unwrap_model(model)
-        if not keep_fp32_wrapper and hasattr(inner, "_torchbay_original_forward"):
-            inner.forward = inner._torchbay_original_forward
-            del inner._torchbay_original_forward
-        return inner
+        """The user's module: the strategy's wrapper and a user's ``DataParallel`` removed, ``torch.compile``'s
+        kept around it unless ``keep_torch_compile=False``; ``keep_fp32_wrapper=False`` also removes the
+        mixed-precision forward."""
+        return unwrap(model, keep_fp32_wrapper, keep_torch_compile, strategy_unwrap=self.strategy.unwrap_model)
 
     # -- every step ----------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
