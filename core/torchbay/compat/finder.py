@@ -49,6 +49,7 @@ MODULES = {
     "accelerate.data_loader": "torchbay.data.loader",
     "accelerate.hooks": "torchbay.compat.hooks",
     "accelerate.launchers": "torchbay.launch.notebook",
+    "accelerate.local_sgd": "torchbay.distributed.local_sgd",
     "accelerate.logging": "torchbay.utils",
     "accelerate.optimizer": "torchbay.wrappers",
     "accelerate.parallelism_config": "torchbay.distributed.parallelism_config",
@@ -66,9 +67,8 @@ LIBRARY_NAMES = "compat/resources/library_names.yaml"
 def served_modules() -> dict[str, str]:
     """:data:`MODULES` and accelerate.utils' own modules, each answered by torchbay.utils (which serves every
     accelerate.utils name); their names are listed in compat/resources/library_names.yaml."""
-    from torchbay.config.files import read_packaged_yaml
-
     from torchbay.compat import surface
+    from torchbay.config.files import read_packaged_yaml
 
     submodules = read_packaged_yaml("torchbay", LIBRARY_NAMES)["utils_submodules"]
     served = {**MODULES, **{f"accelerate.utils.{name}": "torchbay.utils" for name in submodules}}
