@@ -190,3 +190,44 @@ def test_unwrap_model_removes_a_users_data_parallel(side, keep_torch_compile, ac
     else:
         assert unwrapped is model
     assert torchbay.utils.extract_model_from_parallel(torch.nn.DataParallel(model)) is model
+
+
+@pytest.mark.parametrize("side", ["torchbay", "accelerate"])
+def test_prepare_marks_what_it_returns_and_does_not_prepare_a_model_twice(side, acc_accelerator):
+    accelerator = torchbay.Accelerator(cpu=True) if side == "torchbay" else acc_accelerator
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    loader = torch.utils.data.DataLoader(list(range(4)), batch_size=2)
+    dummy = [1, 2]
+    *prepared, dummy = accelerator.prepare(model, optimizer, scheduler, loader, dummy)
+    assert all(getattr(obj, "_is_accelerate_prepared", False) is True for obj in prepared)
+    assert getattr(dummy, "_is_accelerate_prepared", False) is False
+    count = len(accelerator._models)
+    assert accelerator.prepare_model(prepared[0]) is prepared[0] and len(accelerator._models) == count
+
+
+@pytest.mark.parametrize("side", ["torchbay", "accelerate"])
+def test_sync_gradients_can_be_set_on_the_accelerator(side, acc_accelerator):
+    accelerator = torchbay.Accelerator(cpu=True) if side == "torchbay" else acc_accelerator
+    accelerator.sync_gradients = False
+    assert accelerator.gradient_state.sync_gradients is False
+    accelerator.sync_gradients = True
+    assert accelerator.gradient_state.sync_gradients is True
+
+
+@pytest.mark.parametrize("side", ["torchbay", "accelerate"])
+def test_save_model_reads_the_weights_of_an_offloaded_model(side, acc_accelerator, tmp_path):
+    accelerator = torchbay.Accelerator(cpu=True) if side == "torchbay" else acc_accelerator
+    dispatch = torchbay.load_checkpoint_and_dispatch if side == "torchbay" else accelerate.load_checkpoint_and_dispatch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 5)).eval()
+    x = torch.randn(3, 3)
+    expected = model(x)
+    accelerator.save_model(model, str(tmp_path))
+    dispatch(model, str(tmp_path), device_map={"0": "cpu", "1": "disk", "2": "cpu"},
+             offload_folder=str(tmp_path / "offload"))
+    accelerator.save_model(model, str(tmp_path / "again"))
+    reloaded = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 5)).eval()
+    dispatch(reloaded, str(tmp_path / "again"))
+    assert torch.allclose(reloaded(x), expected, atol=1e-5)

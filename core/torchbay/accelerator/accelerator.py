@@ -196,6 +196,11 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
     def sync_gradients(self) -> bool:
         return self.gradient_state.sync_gradients
 
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        """As Accelerate's: force (or stop) synchronising gradients on the next steps."""
+        self.gradient_state._set_sync_gradients(value)
+
     @property
     def optimizer_step_was_skipped(self) -> bool:
         return any(opt.step_was_skipped for opt in self._optimizers)
@@ -283,7 +288,9 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
         """
         refuse_unsupported("save_model", safe_serialization is not True and "safe_serialization=False",
                             "save_model writes safetensors only (no pickle a reader would have to trust)")
-        state = self.get_state_dict(model)
+        state = _offloaded_state(model)
+        if state is None:
+            state = self.get_state_dict(model)
         return self._checkpointer.save_model_files(state, save_directory, max_shard_size)
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
@@ -329,6 +336,18 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
         finally:
             self.strategy.teardown()
             running.stopped(self)
+
+
+def _offloaded_state(model: Any) -> dict[str, torch.Tensor] | None:
+    """The full weights of a model dispatched with offloaded modules (brought in one module at a time), as
+    Accelerate's ``save_model`` reads them; ``None`` for a model without offloaded modules."""
+    from torchbay.big_modeling.align_hook import has_offloaded_params
+
+    if not any(has_offloaded_params(m) for m in model.modules()):
+        return None
+    from torchbay.big_modeling.offload import get_state_dict_offloaded_model
+
+    return get_state_dict_offloaded_model(model)
 
 
 def _make_picklable(pm: Any, config: Any) -> None:

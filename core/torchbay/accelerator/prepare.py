@@ -35,7 +35,8 @@ class Preparation:
         """
         self.state.distributed_type  # noqa: B018 (raises StateResetError after AcceleratorState._reset_state())
         placements = self._placements(objects, device_placement)
-        objects = [self.precision.convert_module(o) if isinstance(o, torch.nn.Module) else o for o in objects]
+        objects = [self.precision.convert_module(o) if isinstance(o, torch.nn.Module) and not self._is_prepared(o)
+                   else o for o in objects]
         kinds = [self._kind(o) for o in objects]
         for obj, kind, placed in zip(objects, kinds, placements):
             if kind == "model" and not placed:
@@ -64,8 +65,14 @@ class Preparation:
                     self._schedulers.append(obj)
             elif kind == "dataloader":
                 obj = self.prepare_data_loader(obj, device_placement=placed)
+            if kind != "other":
+                _mark_prepared(obj)
             result.append(obj)
         return result[0] if len(result) == 1 else tuple(result)
+
+    def _is_prepared(self, model: Any) -> bool:
+        """A model this Accelerator prepared already (prepare returns it as it is, once in ``_models``)."""
+        return any(model is m for m in self._models)
 
     @property
     def _compiler(self) -> ModelCompiler:
@@ -93,10 +100,9 @@ class Preparation:
                               f"places training models on the process's device. Move the model yourself, or "
                               f"prepare it with prepare_model(model, evaluation_mode=True) for inference")
 
-    @staticmethod
-    def _kind(obj: Any) -> str:
+    def _kind(self, obj: Any) -> str:
         if isinstance(obj, torch.nn.Module):
-            return "model"
+            return "other" if self._is_prepared(obj) else "model"
         if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, PreparedOptimizer):
             return "optimizer"
         if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or hasattr(obj, "step") and hasattr(obj, "optimizer"):
@@ -173,3 +179,10 @@ class Preparation:
         self._dataloaders.append(loader)
         return loader
 
+
+def _mark_prepared(obj: Any) -> None:
+    """Accelerate's flag on what ``prepare`` returned (libraries read ``_is_accelerate_prepared``)."""
+    try:
+        obj._is_accelerate_prepared = True
+    except (AttributeError, TypeError):  # an object that takes no new attributes
+        pass
