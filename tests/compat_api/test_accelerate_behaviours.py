@@ -231,3 +231,11 @@ def test_save_model_reads_the_weights_of_an_offloaded_model(side, acc_accelerato
     reloaded = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 5)).eval()
     dispatch(reloaded, str(tmp_path / "again"))
     assert torch.allclose(reloaded(x), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("given", [{"backend": "inductor"}, {"backend": "aot_eager", "mode": "reduce-overhead"},
+                                   {"backend": "eager", "fullgraph": True, "use_regional_compilation": True}])
+def test_dynamo_plugin_to_kwargs_gives_what_differs_from_the_defaults(given, monkeypatch):
+    for key in [k for k in os.environ if k.startswith("ACCELERATE_DYNAMO_")]:
+        monkeypatch.delenv(key)
+    assert tb_utils.TorchDynamoPlugin(**given).to_kwargs() == acc_utils.TorchDynamoPlugin(**given).to_kwargs()
