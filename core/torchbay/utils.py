@@ -108,6 +108,8 @@ class MultiProcessAdapter(logging.LoggerAdapter):
     def log(self, level, msg, *args, main_process_only: bool = True, in_order: bool = False, **kwargs):
         if not self.isEnabledFor(level):
             return
+        # the record names the caller of logger.info(...), not this method (logging skips its own frames)
+        kwargs.setdefault("stacklevel", 2)
         if not main_process_only and in_order:
             state = _state()
             for index in range(state.num_processes):

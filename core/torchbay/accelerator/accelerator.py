@@ -11,7 +11,6 @@ import contextlib
 import copyreg
 import gc
 import weakref
-from pathlib import Path
 from typing import Any, Iterable
 
 import torch
@@ -19,9 +18,11 @@ import torch
 from torchbay.accelerator.checkpointed import CheckpointedState
 from torchbay.accelerator.prepare import Preparation
 from torchbay.accelerator.process import ProcessControl
+from torchbay.accelerator.state_io import StateSaving, refuse_unsupported
 from torchbay.accelerator.surface import AccelerateSurface, plugin_objects
 from torchbay.accelerator.surface import translate as translate_accelerate_arguments
 from torchbay.accelerator.tracking import Tracking
+from torchbay.accelerator.unwrap import unwrap
 from torchbay.axes.strategy import Strategy
 from torchbay.config.handlers import (
     AutocastKwargs,
@@ -52,7 +53,7 @@ def _explicit_args(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, AccelerateSurface):
+class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, StateSaving, AccelerateSurface):
     """Runs your own training loop on the configured device, strategy and precision.
 
     Arguments left as ``None`` come from the config sources (defaults < YAML file <
@@ -196,6 +197,11 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Acce
     def sync_gradients(self) -> bool:
         return self.gradient_state.sync_gradients
 
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        """As Accelerate's: force (or stop) synchronising gradients on the next steps."""
+        self.gradient_state._set_sync_gradients(value)
+
     @property
     def optimizer_step_was_skipped(self) -> bool:
         return any(opt.step_was_skipped for opt in self._optimizers)
@@ -206,12 +212,10 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Acce
 
     def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True,
                      keep_torch_compile: bool = True) -> torch.nn.Module:
-        """The user's module; ``keep_fp32_wrapper=False`` also removes the mixed-precision forward."""
-        inner = self.strategy.unwrap_model(model)
-        if not keep_fp32_wrapper and hasattr(inner, "_torchbay_original_forward"):
-            inner.forward = inner._torchbay_original_forward
-            del inner._torchbay_original_forward
-        return inner
+        """The user's module: the strategy's wrapper and a user's ``DataParallel`` removed, ``torch.compile``'s
+        kept around it unless ``keep_torch_compile=False``; ``keep_fp32_wrapper=False`` also removes the
+        mixed-precision forward."""
+        return unwrap(model, keep_fp32_wrapper, keep_torch_compile, strategy_unwrap=self.strategy.unwrap_model)
 
     # -- every step ----------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -260,37 +264,6 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Acce
         self.strategy.clip_grad_value_(parameters, clip_value)
 
     # -- state ---------------------------------------------------------------------------
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        bad = [type(o).__name__ for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))]
-        if bad:
-            raise TorchbayError(f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
-                                f"these have not: {', '.join(bad)}")
-        self._custom_objects.extend(objects)
-
-    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, *,
-                   blocking: bool | None = None, **save_model_func_kwargs: Any) -> Any:
-        """Save everything prepared (and registered) to ``output_dir``, atomically; see
-        docs/checkpoint-guarantees.md. Model weights go through ``checkpoint.io``.
-
-        ``blocking=False``: the state at the call is copied and written in the background; returns
-        an :class:`~torchbay.checkpoint.async_save.AsyncSave` (``wait()``, ``done()``). Unset, it is
-        ``True`` except for automatic checkpoints with ``checkpoint.async_save: true``."""
-        _refuse_unsupported("save_state", safe_serialization is not True and "safe_serialization=False",
-                            "model weights are written by the checkpoint io (checkpoint.io), safetensors by default")
-        _refuse_unsupported("save_state", save_model_func_kwargs and ", ".join(save_model_func_kwargs),
-                            "torchbay does not pass arguments to a save function; set checkpoint.* instead")
-        saved = self._checkpointer.save(output_dir, blocking)
-        return saved if not isinstance(saved, Path) else str(saved)
-
-    def load_state(self, input_dir: str | None = None, load_kwargs: dict | None = None,
-                   **load_model_func_kwargs: Any) -> str:
-        """Restore what :meth:`save_state` wrote (verified first; nothing changes on a bad checkpoint)."""
-        _refuse_unsupported("load_state", load_kwargs and "load_kwargs",
-                            "torchbay loads optimizer state with weights_only=True and maps it itself")
-        _refuse_unsupported("load_state", load_model_func_kwargs and ", ".join(load_model_func_kwargs),
-                            "models are loaded strictly; a checkpoint that does not fit is an error")
-        return str(self._checkpointer.load(input_dir))
-
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """One epoch of ``dataloader`` without its first ``num_batches`` (see torchbay.data.prepare)."""
         return skip_first_batches(dataloader, num_batches)
@@ -313,9 +286,11 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Acce
         is refused), and the weights files of an earlier torchbay save that this one does not
         rewrite are removed.
         """
-        _refuse_unsupported("save_model", safe_serialization is not True and "safe_serialization=False",
+        refuse_unsupported("save_model", safe_serialization is not True and "safe_serialization=False",
                             "save_model writes safetensors only (no pickle a reader would have to trust)")
-        state = self.get_state_dict(model)
+        state = _offloaded_state(model)
+        if state is None:
+            state = self.get_state_dict(model)
         return self._checkpointer.save_model_files(state, save_directory, max_shard_size)
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
@@ -363,10 +338,16 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Acce
             running.stopped(self)
 
 
-def _refuse_unsupported(method: str, what: Any, why: str) -> None:
-    """Raise for an Accelerate argument torchbay does not honour, rather than ignore it."""
-    if what:
-        raise ConfigError(f"{method}({what}) is not supported: {why}; remove the argument")
+def _offloaded_state(model: Any) -> dict[str, torch.Tensor] | None:
+    """The full weights of a model dispatched with offloaded modules (brought in one module at a time), as
+    Accelerate's ``save_model`` reads them; ``None`` for a model without offloaded modules."""
+    from torchbay.big_modeling.align_hook import has_offloaded_params
+
+    if not any(has_offloaded_params(m) for m in model.modules()):
+        return None
+    from torchbay.big_modeling.offload import get_state_dict_offloaded_model
+
+    return get_state_dict_offloaded_model(model)
 
 
 def _make_picklable(pm: Any, config: Any) -> None:

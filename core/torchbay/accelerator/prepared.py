@@ -6,9 +6,12 @@ an accumulation window), through the selected precision (loss scaler) and strate
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
+
+from torchbay.errors import TorchbayError
 
 
 class PreparedOptimizer(torch.optim.Optimizer):
@@ -17,7 +20,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer: Any, accelerator):  # noqa: D107 (Optimizer.__init__ not called on purpose)
         self.optimizer = optimizer
         self.accelerator = accelerator
-        self.step_was_skipped = False
+        self._is_overflow = False  # Accelerate's name for step_was_skipped (tests and libraries set it)
         self.gradients_unscaled = False  # until the next step: unscaling twice would be wrong
 
     @property
@@ -29,12 +32,37 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer.param_groups = value
 
     @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last step was skipped (the loss scaler found inf/nan gradients)."""
+        return self._is_overflow
+
+    @step_was_skipped.setter
+    def step_was_skipped(self, value: bool) -> None:
+        self._is_overflow = bool(value)
+
+    @property
     def state(self):
         return self.optimizer.state
+
+    @state.setter
+    def state(self, value):
+        self.optimizer.state = value
 
     @property
     def defaults(self):
         return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value):
+        self.optimizer.defaults = value
+
+    def train(self) -> None:
+        """The optimizer's train mode, for optimizers that have one (schedule-free ones); else nothing."""
+        _call_mode(self.optimizer, "train")
+
+    def eval(self) -> None:
+        """The optimizer's eval mode, for optimizers that have one (schedule-free ones); else nothing."""
+        _call_mode(self.optimizer, "eval")
 
     def add_param_group(self, param_group):
         self.optimizer.add_param_group(param_group)
@@ -45,9 +73,16 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         self.optimizer.load_state_dict(state_dict)
 
-    def zero_grad(self, set_to_none: bool = True):
-        if self.accelerator.gradient_state.sync_gradients:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+    def zero_grad(self, set_to_none: bool | None = None):
+        if not self.accelerator.gradient_state.sync_gradients:
+            return
+        if "set_to_none" in inspect.signature(self.optimizer.zero_grad).parameters:
+            self.optimizer.zero_grad(set_to_none=True if set_to_none is None else set_to_none)
+        elif set_to_none is not None:
+            raise TorchbayError(f"optimizer.zero_grad(set_to_none=...): {type(self.optimizer).__name__}.zero_grad "
+                                f"takes no set_to_none; call zero_grad() without it")
+        else:
+            self.optimizer.zero_grad()
 
     def step(self, closure=None):
         acc = self.accelerator
@@ -76,6 +111,21 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+
+    def __getattr__(self, name: str):
+        """Other attributes and methods of the user's optimizer pass through (its own extras)."""
+        if name.startswith("__") or name == "optimizer":  # unpickling looks these up before __dict__ is filled
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
+
+
+def _call_mode(optimizer: Any, mode: str) -> None:
+    """``optimizer.train()``/``eval()`` where it (or the optimizer it wraps) has the method."""
+    for candidate in (optimizer, getattr(optimizer, "optimizer", None)):
+        method = getattr(candidate, mode, None)
+        if callable(method):
+            method()
+            return
 
 
 class PreparedScheduler:

@@ -91,10 +91,6 @@ def translate(arguments: dict[str, Any]) -> dict[str, Any]:
 
 #: Accelerator attributes of Accelerate's that torchbay does not have -> what to use instead
 REFUSED_ATTRIBUTES = {
-    "register_save_state_pre_hook": "save extra state with register_for_checkpointing(obj) (state_dict/"
-                                    "load_state_dict) or a plugin's torchbay_state_extra hook",
-    "register_load_state_pre_hook": "restore extra state with register_for_checkpointing(obj) or a plugin's "
-                                    "torchbay_load_state_extra hook",
     "lomo_backward": "LOMO optimizers are not supported; use accelerator.backward with a torch optimizer",
     "deepspeed_ulysses_dl_adapter": "sequence parallelism belongs to a strategy plugin",
     "verify_device_map": "big-model device maps are outside torchbay",

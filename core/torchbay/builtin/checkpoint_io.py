@@ -1,4 +1,5 @@
-"""Built-in checkpoint io: sharded safetensors (default) and torch DCP."""
+"""Built-in checkpoint io: sharded safetensors (default), torch DCP, and torch's pickle format (``torch``, what
+``save_state(safe_serialization=False)`` writes; read back with ``weights_only=True``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from torchbay.axes.checkpoint_io import CheckpointIO
 from torchbay.checkpoint.files import dcp_files_of_rank, dedupe_shared
 from torchbay.checkpoint.inplace import plan_safetensors, run_reads
-from torchbay.checkpoint.safe_load import dcp_load, dcp_load_full
+from torchbay.checkpoint.safe_load import dcp_load, dcp_load_full, safe_torch_load
 from torchbay.errors import CheckpointError
 from torchbay.plugin.manager import hookimpl
 
@@ -113,6 +114,29 @@ class DCPCheckpointIO(CheckpointIO):
 
 
 
+class TorchCheckpointIO(CheckpointIO):
+    """``<stem>.bin`` written by ``torch.save`` (Accelerate's ``pytorch_model.bin``), main process only.
+
+    Read back with ``torch.load(weights_only=True)``: a file holding anything but tensors and plain data is refused
+    (unless ``checkpoint.allow_unsafe_pickle``), so a tampered checkpoint cannot run code when it is loaded.
+    """
+
+    name = "torch"
+
+    def save_state_dict(self, state, directory: Path, stem: str) -> list[str]:
+        # tensors only, as with safetensors: tied weights stay tied (torch.save keeps shared storage)
+        torch.save({k: v.detach().cpu() for k, v in state.items() if isinstance(v, torch.Tensor)},
+                   directory / f"{stem}.bin")
+        return [f"{stem}.bin"]
+
+    def exists(self, directory: Path, stem: str) -> bool:
+        return (directory / f"{stem}.bin").exists()
+
+    def load_state_dict(self, directory: Path, stem: str, device: str = "cpu", template=None):
+        return safe_torch_load(directory / f"{stem}.bin", f"model weights '{stem}'", trusted=self.trusted,
+                               map_location=device)
+
+
 @hookimpl
 def torchbay_register_checkpoint_io():
-    return [SafetensorsCheckpointIO, DCPCheckpointIO]
+    return [SafetensorsCheckpointIO, DCPCheckpointIO, TorchCheckpointIO]

@@ -24,10 +24,12 @@ from torchbay.checkpoint import files as ckfiles
 from torchbay.checkpoint import publish as ckdir
 from torchbay.checkpoint.async_save import AsyncSave, Staged, StagingBuffer, completed
 from torchbay.checkpoint.background import BackgroundSaving, StateParts, describe_error
+from torchbay.checkpoint.io_choice import CheckpointIOChoice
 from torchbay.checkpoint.model_folder import ModelFolder
 from torchbay.checkpoint.publish import AUTOMATIC_NAME, FORMAT_VERSION
 from torchbay.checkpoint.restore import StateRestore
 from torchbay.checkpoint.safe_load import safe_torch_load
+from torchbay.checkpoint.save_hooks import BeforeWrite, SaveHookSupport
 from torchbay.distributed.rng import capture_rng_state
 from torchbay.errors import CheckpointError
 
@@ -51,7 +53,7 @@ def publish_model(state: dict[str, torch.Tensor], final: Path, max_shard_size: s
     return ModelFolder(final, what).save(state, max_shard_size, fields)
 
 
-class StateCheckpointer(BackgroundSaving, StateRestore):
+class StateCheckpointer(BackgroundSaving, StateRestore, CheckpointIOChoice, SaveHookSupport):
     """``save_state`` / ``load_state`` / ``save_model``'s files; one per run.
 
     It is given the run's selected objects (``run``), the prepared objects it saves and restores (``prepared``) and
@@ -151,11 +153,14 @@ class StateCheckpointer(BackgroundSaving, StateRestore):
         return Path(output_dir).absolute()
 
     # -- save --------------------------------------------------------------------------
-    def save(self, output_dir: str | None = None, blocking: bool | None = None) -> Path | AsyncSave:
+    def save(self, output_dir: str | None = None, blocking: bool | None = None,
+             before_write: BeforeWrite | None = None) -> Path | AsyncSave:
         """Save the state; with ``blocking=False`` (or ``checkpoint.async_save`` for automatic
         checkpoints) copy it now and write it in the background (:mod:`torchbay.checkpoint.async_save`).
 
         A save still in flight is finished first: never two writers, and the staging buffer is free.
+        ``before_write`` (save-state pre-hooks, :mod:`torchbay.checkpoint.save_hooks`) or an io chosen for this save
+        (``using_io``) makes it write at once.
         """
         run = self.run
         self.finish_pending()
@@ -165,7 +170,8 @@ class StateCheckpointer(BackgroundSaving, StateRestore):
         if not self.training.syncs_gradients:
             log.warning("save_state is called inside a gradient accumulation window: the gradients accumulated so "
                         "far are not saved; save after a step where accelerator.sync_gradients is True")
-        background = not blocking and self._can_save_in_background()
+        background = (not blocking and before_write is None and not self.io_overridden
+                      and self._can_save_in_background())
 
         def open_target() -> Path:
             final = self.target_for_save(output_dir)
@@ -183,12 +189,16 @@ class StateCheckpointer(BackgroundSaving, StateRestore):
 
         if background:
             return self._save_in_background(final, partial, discard)
+        added, kept = self.run_before_write(partial, before_write, discard) if before_write else ([], None)
 
         def write() -> dict:
-            return self._write_recorded(partial, self._capture(None))
+            hooks_wrote = ckfiles.record_files(partial, added) if run.is_main_process else {}
+            return {**hooks_wrote, **self._write_recorded(partial, self._capture(None))}
 
-        records_per_rank = self.on_every_rank("save_state", write, cleanup=discard, share=True)
-        self._main_only("save_state", lambda: self._publish(final, partial, records_per_rank, None), cleanup=discard)
+        with self.only_models(kept):
+            records_per_rank = self.on_every_rank("save_state", write, cleanup=discard, share=True)
+            self._main_only("save_state", lambda: self._publish(final, partial, records_per_rank, None),
+                            cleanup=discard)
         self._after_publish(final)
         return final if blocking else completed(final)
 
@@ -281,6 +291,7 @@ class StateCheckpointer(BackgroundSaving, StateRestore):
             "world_size": run.num_processes,
             "device": run.device_backend.name,
             "strategy": run.strategy.name,
+            "checkpoint_io": run.checkpoint_io.name,
             "precision": run.precision.describe(),
             "plugins": {n: f"{i.distribution} {i.version}" for n, i in run.pm.infos.items()
                         if i.status in ("loaded", "builtin")},

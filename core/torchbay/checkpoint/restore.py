@@ -43,7 +43,7 @@ class StateRestore:
         return dirs[-1][0]
 
     def load(self, input_dir: str | None = None) -> Path:
-        run, prepared = self.run, self.prepared
+        run = self.run
         self.finish_pending()  # a save in flight is published (or has failed) before anything is read
         directory = self._main_only("load_state", lambda: self.target_for_load(input_dir))
 
@@ -51,15 +51,21 @@ class StateRestore:
             load_accelerate_state(self, directory)
             return directory
         manifest = self.on_every_rank("load_state", lambda: self._check(directory))
+        io = self.on_every_rank("load_state", lambda: self.io_named(manifest.get("checkpoint_io")))
+        with self.using_io(io):  # the io that wrote the weights (save_state(safe_serialization=False): torch's)
+            self._load_models_and_optimizers(directory, manifest)
+        self.on_every_rank("load_state", lambda: self._restore_local(directory, manifest))
+        if run.config.project.automatic_checkpoint_naming and AUTOMATIC_NAME.fullmatch(directory.name):
+            self.training.save_iteration = int(directory.name.split("_")[1]) + 1
+        return directory
+
+    def _load_models_and_optimizers(self, directory: Path, manifest: dict) -> None:
+        run, prepared = self.run, self.prepared
         read = self.on_every_rank("load_state", lambda: self._read_verified(directory, manifest))
         args = (directory, prepared.models, prepared.optimizers, run.checkpoint_io)
         owners = self._owners()
         self.on_every_rank("load_state", lambda: run.strategy.load_checkpoint(*args, owners=owners) if read is None
                            else run.strategy.load_checkpoint(*args, read=read, owners=owners))
-        self.on_every_rank("load_state", lambda: self._restore_local(directory, manifest))
-        if run.config.project.automatic_checkpoint_naming and AUTOMATIC_NAME.fullmatch(directory.name):
-            self.training.save_iteration = int(directory.name.split("_")[1]) + 1
-        return directory
 
     def _check(self, directory: Path) -> dict:
         """The manifest, the object counts and every listed file's presence."""

@@ -105,16 +105,12 @@ def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: 
         torch.save(obj, f)
 
 
-def extract_model_from_parallel(model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> Any:
-    """The user's module inside DDP/other wrappers and ``torch.compile``."""
-    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
-        model = model.module
-    if not keep_torch_compile and hasattr(model, "_orig_mod"):
-        model = model._orig_mod
-    if not keep_fp32_wrapper and hasattr(model, "_torchbay_original_forward"):
-        model.forward = model._torchbay_original_forward
-        del model._torchbay_original_forward
-    return model
+def extract_model_from_parallel(model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
+                                recursive: bool = False) -> Any:
+    """The user's module inside DDP/other wrappers (``torch.compile``'s kept unless ``keep_torch_compile=False``)."""
+    from torchbay.accelerator.unwrap import unwrap
+
+    return unwrap(model, keep_fp32_wrapper, keep_torch_compile)
 
 
 def release_memory(*objects: Any) -> list[None]:
@@ -133,28 +129,57 @@ def _is_out_of_memory(exc: BaseException) -> bool:
         "out of memory" in text.lower() or "DefaultCPUAllocator: can't allocate memory" in text))
 
 
-def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128,
-                               reduce_batch_size_fn: Callable[[int], int] | None = None):
-    """Call ``function(batch_size, ...)``, halving ``batch_size`` after each out-of-memory error.
+class BatchSizeArgumentError(TorchbayError, TypeError):
+    """The function decorated by ``find_executable_batch_size`` was called with its batch size."""
 
-    ``function``'s first parameter must be the batch size; call the decorated function without it.
+
+class NoExecutableBatchSizeError(TorchbayError, RuntimeError):
+    """Every batch size down to zero ran out of memory (a RuntimeError, as Accelerate's)."""
+
+
+def _takes_size(fn: Callable) -> bool:
+    """Whether a user's ``reduce_batch_size_fn`` takes the current size (torchbay's form) or nothing (Accelerate's)."""
+    try:
+        inspect.signature(fn).bind(1)
+    except TypeError:
+        return False
+    return True
+
+
+def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128,
+                               reduce_batch_size_fn: Callable[..., int] | None = None):
+    """Call ``function(batch_size, ...)``, shrinking ``batch_size`` to 90% (rounded down) after each
+    out-of-memory error, as Accelerate does.
+
+    ``function``'s first parameter must be the batch size; call the decorated function without it. As in
+    Accelerate, the size found is kept: a second call starts from it. ``reduce_batch_size_fn`` returns the next
+    size; it takes no argument (Accelerate's form) or the current size.
     """
     if function is None:
         return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size,
                                  reduce_batch_size_fn=reduce_batch_size_fn)
-    shrink = reduce_batch_size_fn or (lambda size: size // 2)
+    batch_size = starting_batch_size
+
+    def shrink() -> int:
+        if reduce_batch_size_fn is None:
+            return int(batch_size * 0.9)
+        return reduce_batch_size_fn(batch_size) if _takes_size(reduce_batch_size_fn) else reduce_batch_size_fn()
 
     @functools.wraps(function)
     def run(*args: Any, **kwargs: Any):
+        nonlocal batch_size
+        name = getattr(function, "__name__", repr(function))
         params = list(inspect.signature(function).parameters)
         if len(params) < len(args) + 1:
-            raise TorchbayError(f"find_executable_batch_size: call {function.__name__} without its first argument "
-                                f"(the batch size is passed for you), not with {len(args)} positional arguments")
-        batch_size = starting_batch_size
+            passed = ", ".join(f"{p}={v!r}" for p, v in zip(params[1:], args[1:]))
+            raise BatchSizeArgumentError(f"find_executable_batch_size: the batch size was passed into `{name}` as "
+                                         f"its first argument; the decorator passes it for you: call "
+                                         f"`{name}({passed})`")
         while True:
-            if batch_size == 0:
-                raise TorchbayError(f"find_executable_batch_size: {function.__name__} ran out of memory down to "
-                                    f"batch size 1; reduce the model or the sequence length")
+            if batch_size <= 0:
+                raise NoExecutableBatchSizeError(
+                    f"find_executable_batch_size: no executable batch size found, reached zero ({name} ran out of "
+                    f"memory at every size from {starting_batch_size}); reduce the model or the sequence length")
             try:
                 return function(batch_size, *args, **kwargs)
             except Exception as exc:
@@ -162,7 +187,7 @@ def find_executable_batch_size(function: Callable | None = None, starting_batch_
                     raise
                 gc.collect()
                 release_memory()
-                batch_size = shrink(batch_size)
+                batch_size = shrink()
 
     return run
 

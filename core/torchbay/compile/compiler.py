@@ -260,12 +260,15 @@ class TorchDynamoPlugin:
         return out
 
     def to_kwargs(self) -> dict[str, Any]:
-        """The arguments ``torch.compile`` gets (Accelerate's method of the same name)."""
-        config = self.to_config()
-        return CompileSettings(backend=config.get("compile.backend", DEFAULT_BACKEND), mode=config.get("compile.mode"),
-                               fullgraph=bool(config.get("compile.fullgraph", False)),
-                               dynamic=config.get("compile.dynamic"), options=config.get("compile.options") or {}
-                               ).kwargs()
+        """The settings that differ from a default plugin's, as Accelerate's ``to_kwargs`` gives them (the backend
+        by its lower-case name; ``use_regional_compilation`` left out): what ``torch.compile`` gets besides its
+        defaults."""
+        defaults = {"backend": None, "mode": None, "fullgraph": False, "dynamic": None, "options": None,
+                    "disable": False}
+        given = {"backend": _backend_name(self.backend), "mode": None if self.mode == "default" else self.mode,
+                 "fullgraph": bool(self.fullgraph), "dynamic": self.dynamic, "options": self.options,
+                 "disable": self.disable}
+        return {key: value for key, value in given.items() if value != defaults[key]}
 
 
 def dynamo_arguments(dynamo_backend: Any, dynamo_plugin: Any) -> dict[str, Any]:

@@ -134,7 +134,21 @@ def notebook_launcher(function: Callable, args: tuple = (), num_processes: int |
                           **({"log_line_prefix_template": log_line_prefix_template}
                              if log_line_prefix_template else {}))
     with patch_environment(**env):
-        return elastic_launch(config=config, entrypoint=function)(*args)
+        return elastic_launch(config=config, entrypoint=_named(function))(*args)
+
+
+def _named(function: Callable) -> Callable:
+    """``function``, or a named function calling it: torch's elastic launcher reads the entry point's
+    ``__name__``, which a ``functools.partial`` or a callable object lacks."""
+    if hasattr(function, "__name__"):
+        return function
+    inner = getattr(function, "func", type(function))  # a partial's function, else the object's class
+
+    def entrypoint(*args: Any) -> Any:
+        return function(*args)
+
+    entrypoint.__name__ = entrypoint.__qualname__ = getattr(inner, "__name__", "entrypoint")
+    return entrypoint
 
 
 def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2) -> Any:
