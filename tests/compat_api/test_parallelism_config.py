@@ -78,3 +78,27 @@ def test_build_device_mesh_on_four_gloo_processes_matches_accelerates(tmp_path, 
     two_by_two = json.loads((tmp_path / "mesh_rank3.json").read_text())["dp_replicate_size=2,dp_shard_size=2"]
     assert two_by_two["torchbay"]["groups"] == {"dp_replicate": [1, 3], "dp_shard": [2, 3], "dp": [0, 1, 2, 3],
                                                 "dp_shard_cp": [2, 3], "dp_cp": [0, 1, 2, 3]}
+
+
+def _model(layer_types=None):
+    config = SimpleNamespace(get_text_config=lambda: config)
+    if layer_types is not None:
+        config.layer_types = layer_types
+    return SimpleNamespace(config=config)
+
+
+@pytest.mark.parametrize("layer_types", [None, ["full_attention"], ["full_attention", "linear_attention"]])
+def test_recurrent_layers_are_refused_before_the_sequence_is_sharded_as_accelerate(layer_types):
+    from accelerate.big_modeling import _refuse_recurrent_layers_under_sequence_parallelism as theirs
+
+    from torchbay.big_modeling.modeling import _refuse_recurrent_layers_under_sequence_parallelism as ours
+
+    outcomes = []
+    for check in (theirs, ours):
+        try:
+            check(_model(layer_types))
+            outcomes.append(None)
+        except ValueError as refused:
+            assert "linear_attention" in str(refused)
+            outcomes.append("refused")
+    assert outcomes[0] == outcomes[1] == ("refused" if layer_types and "linear_attention" in layer_types else None)
