@@ -330,17 +330,17 @@ def test_missing_keys_are_named_and_nothing_is_loaded(tmp_path, eager):
     assert all(p.is_meta for p in model.parameters())
 
 
-def test_strict_false_warns_for_weights_the_model_holds_and_unexpected_keys(tmp_path, eager, ids):
+def test_strict_false_warns_for_weights_the_model_holds_and_unexpected_keys(tmp_path, eager, ids, caplog):
     state = hf_state(eager)
     kept = state.pop("norm.bias")
     state["extra.weight"] = torch.ones(2)
     save_file(state, str(tmp_path / "m.safetensors"))
     model = Net().eval()  # real weights: the missing one keeps its value
     model.norm.bias.data.copy_(kept)
-    with pytest.warns(UserWarning) as record:
+    with pytest.warns(UserWarning) as record, caplog.at_level("WARNING", logger="torchbay"):
         torchbay.load_checkpoint_and_dispatch(model, tmp_path / "m.safetensors", device_map="auto")
-    text = " ".join(str(w.message) for w in record)
-    assert "norm.bias" in text and "extra.weight" in text
+    assert "norm.bias" in " ".join(str(w.message) for w in record)
+    assert "extra.weight" in caplog.text and "were not used when initializing" in caplog.text  # logged as Accelerate
     assert torch.equal(model(ids), eager(ids))
     with pytest.raises(CheckpointError, match="extra.weight"):
         torchbay.load_checkpoint_and_dispatch(Net(), tmp_path / "m.safetensors", device_map="auto", strict=True)
@@ -491,3 +491,25 @@ def test_dispatching_an_empty_model_names_what_has_no_value():
         with pytest.raises(ConfigError, match="embed.weight = head.weight"):
             torchbay.dispatch_model(model, device_map, force_hooks=len(device_map) == 1)
         assert all(p.is_meta for p in model.parameters())
+
+
+def test_shape_mismatch_and_unexpected_keys_are_reported_as_accelerate(tmp_path, caplog):
+    accelerate = pytest.importorskip("accelerate")  # a dev dependency
+    import accelerate.utils  # noqa: F811
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4))
+    said = []
+    for side in (accelerate.utils, torchbay.utils):
+        with pytest.raises(ValueError) as wrong_shape:
+            side.set_module_tensor_to_device(model, "0.weight", "cpu", value=torch.zeros(2, 2))
+        said.append(str(wrong_shape.value))
+    assert said[0] == said[1]
+    state = {**model.state_dict(), "foo": torch.ones(2)}
+    torch.save(state, tmp_path / "m.pt")
+    with caplog.at_level("WARNING"):
+        torchbay.utils.load_checkpoint_in_model(torch.nn.Sequential(torch.nn.Linear(3, 4)), str(tmp_path / "m.pt"))
+    assert "were not used when initializing" in caplog.text and "foo" in caplog.text
+    for side in (accelerate.utils, torchbay.utils):  # (Accelerate's is torch's RuntimeError, ours a ValueError)
+        with pytest.raises((ValueError, RuntimeError)):
+            side.load_checkpoint_in_model(torch.nn.Sequential(torch.nn.Linear(3, 4)), str(tmp_path / "m.pt"),
+                                          strict=True)

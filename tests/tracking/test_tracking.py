@@ -107,7 +107,8 @@ def test_a_plugin_registers_a_tracker_and_its_section(memory_pm, tmp_path):
     with pytest.raises(TrackerError, match="not a tracker of this run"):
         acc.get_tracker("jsonl")
     acc.end_training()
-    assert tracker.finished and acc.trackers == []
+    assert tracker.finished and acc.trackers == [tracker]  # finished trackers stay readable, as in Accelerate
+    acc.end_training()  # finishes them once
 
 
 def test_a_tracker_section_sets_its_own_logging_dir(memory_pm, tmp_path):
@@ -407,6 +408,8 @@ def test_the_core_names_no_tracker_library():
             path = os.path.join(folder, name)
             if path.endswith(os.path.join("resources", "published_plugins.yaml")):
                 continue  # the names of the distributions torchbay publishes, for install hints (test_architecture)
+            if path.endswith(os.path.join("resources", "accelerate_surface.yaml")):
+                continue  # Accelerate's own names (LoggerType's members...), data the compat switch serves
             for number, line in enumerate(open(path, encoding="utf-8"), 1):
                 if TRACKER_LIBRARIES.search(line):
                     hits.append(f"{os.path.relpath(path, ROOT)}:{number}: {line.strip()}")

@@ -38,7 +38,7 @@ from torchbay.config.model import ResolvedConfig
 from torchbay.config.resolve import config_model, resolve_config
 from torchbay.data.gradient_state import GradientState
 from torchbay.data.prepare import skip_first_batches
-from torchbay.errors import ConfigError, TorchbayError
+from torchbay.errors import ConfigError
 from torchbay.plugin.manager import get_plugin_manager
 from torchbay.plugin.selection import build_context
 from torchbay.process import running

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchbay.tracking.registry import accelerate_logging_dir, takes_settings
 from torchbay.tracking.trackers import (
     GeneralTracker,
     TrackerError,
@@ -70,16 +71,16 @@ class Tracking:
         started: list[GeneralTracker] = []
         try:
             if main:
-                base = logging_base(self.config)
                 for cls in self._tracker_classes:
                     settings = getattr(self.config, cls.name, None)
-                    tracker = cls.create(project_name, cls.logging_dir_for(base, settings), settings,
+                    tracker = cls.create(project_name, self._tracker_dir(cls, settings), settings,
                                          dict(init_kwargs.get(cls.name, {})))
                     tracker.start()
                     started.append(tracker)
-            for tracker in self._tracker_instances:
+            for tracker in self._tracker_instances:  # built by the user; started here, as Accelerate does
                 if main or not tracker.main_process_only:
                     started.append(tracker)
+                    tracker.start()
             if config is not None:
                 for tracker in started:
                     tracker.store_init_configuration(config)
@@ -95,6 +96,13 @@ class Tracking:
         if main and started:
             where = "; ".join(f"{t.name}: {t.location or '(its own store)'}" for t in started)
             say(f"tracking run '{project_name}' with {where}")
+
+    def _tracker_dir(self, cls: type[GeneralTracker], settings: Any) -> Any:
+        """Where a tracker class writes: torchbay's own trackers in ``<logs>/<name>``; a class following
+        Accelerate's convention (no ``settings``) in Accelerate's logging directory (tracking/registry.py)."""
+        if takes_settings(cls):
+            return cls.logging_dir_for(logging_base(self.config), settings)
+        return accelerate_logging_dir(self.context)
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict] | None = None) -> None:
         """Log ``values`` at ``step`` (default: the step after the last one logged) to every tracker.
@@ -134,10 +142,12 @@ class Tracking:
                            f"{', '.join(t.name for t in self._trackers)})")
 
     def _finish_trackers(self) -> None:
-        """Finish every tracker (close files); the first error is raised after all were tried."""
-        trackers, self._trackers = self._trackers, []
-        if self._trackers_state == "started":
-            self._trackers_state = "finished"
+        """Finish every tracker (close files), once; the first error is raised after all were tried. The finished
+        trackers stay in ``accelerator.trackers`` (as in Accelerate: their files can be read back)."""
+        if self._trackers_state != "started":
+            return
+        self._trackers_state = "finished"
+        trackers = self._trackers
         first: BaseException | None = None
         for tracker in trackers:
             try:

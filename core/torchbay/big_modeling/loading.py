@@ -23,10 +23,18 @@ from torch import nn
 from torchbay.big_modeling.device_map import DISK, check_device_map, device_key, device_of, parse_dtype, torch_device
 from torchbay.big_modeling.files import CheckpointFiles, resolve_checkpoint
 from torchbay.big_modeling.offload_index import FileSource, OffloadedWeightsLoader, save_offload_index, write_offload
-from torchbay.errors import CheckpointError, ConfigError
+from torchbay.errors import CheckpointError, ConfigError, TorchbayError
 from torchbay.tracking.progress import progress_bar
 
 log = logging.getLogger("torchbay")
+
+
+class CheckpointMismatchError(CheckpointError, ValueError):
+    """A checkpoint's keys or shapes do not fit the model (a ValueError, as Accelerate's strict loading raises)."""
+
+
+class TensorShapeError(TorchbayError, ValueError):
+    """A value of another shape than the model's tensor was given (its message is Accelerate's, word for word)."""
 
 #: model -> {tensor name: source} of the weights load_checkpoint_in_model left on disk
 OFFLOADED: "weakref.WeakKeyDictionary[nn.Module, dict[str, Any]]" = weakref.WeakKeyDictionary()
@@ -109,15 +117,15 @@ def check_against(model_slots_: list[Slot], transient: list[Slot], files: Checkp
     if problems:
         fix = "; or pass strict=False to only warn about weights the model already holds and extra keys" \
             if strict else ""
-        raise CheckpointError(f"checkpoint {files.where} does not match the model (nothing was loaded):\n  - "
+        raise CheckpointMismatchError(f"checkpoint {files.where} does not match the model (nothing was loaded):\n  - "
                               + "\n  - ".join(problems) + ("\nfix the checkpoint or the model" + fix
                                                            if missing_real or unexpected else ""))
     if missing_real:
         warnings.warn(f"checkpoint {files.where} lacks {len(missing_real)} weight(s); they keep the values the model "
                       f"had: {_few(missing_real)}", stacklevel=3)
-    if unexpected:
-        warnings.warn(f"checkpoint {files.where} has {len(unexpected)} key(s) the model does not have; they were "
-                      f"ignored: {_few(unexpected)}", stacklevel=3)
+    if unexpected:  # logged as Accelerate (and transformers) log it, which tools look for
+        log.warning("Some weights of the model checkpoint at %s were not used when initializing the model: %s (it "
+                    "does not have them; they were ignored)", files.where, _few(unexpected))
     return found
 
 
@@ -251,8 +259,8 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: Any
                               header="cannot set the tensor")
         value = old
     elif tuple(value.shape) != tuple(old.shape):
-        raise ConfigError(f"'{tensor_name}' has shape {list(old.shape)} in the model and the value given has shape "
-                          f"{list(value.shape)}: pass a value of the model's shape", header="cannot set the tensor")
+        raise TensorShapeError(f'Trying to set a tensor of shape {value.shape} in "{leaf}" (which has shape '
+                               f'{old.shape}), this looks incorrect.')
     dtype = parse_dtype(dtype) or (old.dtype if value.is_floating_point() and old is not None else None)
     target = torch.device("meta") if str(device) == "meta" else torch_device(device) if not isinstance(
         device, torch.device) else device

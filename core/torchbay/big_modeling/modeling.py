@@ -47,6 +47,9 @@ from torchbay.big_modeling.offload_index import (
     save_offload_index,
     write_offload,
 )
+from torchbay.distributed.sequence import (  # noqa: F401 (Accelerate's private name, which its tests import)
+    refuse_recurrent_layers as _refuse_recurrent_layers_under_sequence_parallelism,
+)
 from torchbay.errors import ConfigError
 
 DEVICE_MAP_MODES = ("auto", "balanced", "balanced_low_0", "sequential")

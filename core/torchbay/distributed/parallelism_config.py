@@ -15,6 +15,7 @@ dp_shard x cp (what the loss is averaged over).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -25,6 +26,21 @@ MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "tp")
 #: the config section a strategy plugin that builds N-D parallelism contributes
 SECTION = "parallelism"
 CP_COMM_STRATEGIES = ("allgather", "alltoall")
+#: Accelerate's environment variables for the fields left unset (``accelerate launch`` writes them)
+ENV_PREFIX = "PARALLELISM_CONFIG_"
+
+
+def _from_env(field_name: str, default: Any, kind: type = str) -> Any:
+    """``PARALLELISM_CONFIG_<FIELD>`` as ``kind``, or ``default`` when it is not set."""
+    variable = ENV_PREFIX + field_name.upper()
+    raw = os.environ.get(variable)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return kind(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{variable}={raw!r}: give a whole number (the size of that parallel dimension), or "
+                          f"unset it") from None
 
 
 @dataclass
@@ -43,11 +59,14 @@ class TorchTensorParallelConfig:
 class TorchContextParallelConfig:
     """Accelerate's context-parallel handler: how the ranks of a ``cp`` group exchange keys and values."""
 
-    cp_comm_strategy: str = "allgather"
+    cp_comm_strategy: Optional[str] = None
 
     def __post_init__(self):
+        if self.cp_comm_strategy is None:
+            self.cp_comm_strategy = _from_env("cp_comm_strategy", "allgather")
         if self.cp_comm_strategy not in CP_COMM_STRATEGIES:
-            raise ConfigError(f"TorchContextParallelConfig(cp_comm_strategy={self.cp_comm_strategy!r}): use one of "
+            raise ConfigError(f"Invalid cp_comm_strategy: {self.cp_comm_strategy} (TorchContextParallelConfig("
+                              f"cp_comm_strategy=...) or {ENV_PREFIX}CP_COMM_STRATEGY); use one of "
                               f"{', '.join(CP_COMM_STRATEGIES)}")
 
 
@@ -84,11 +103,11 @@ class ParallelismConfig:
     def __post_init__(self):
         for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
             value = getattr(self, name)
-            value = 1 if value is None else value
+            value = _from_env(name, 1, int) if value is None else value
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"ParallelismConfig({name}={value!r}): a size is an integer of at least 1")
             setattr(self, name, value)
-        self.cp_backend = self.cp_backend or "torch"
+        self.cp_backend = self.cp_backend or _from_env("cp_backend", "torch")
         problems = validate_sizes(self.sizes)
         if self.cp_backend != "torch":
             problems.append(f"ParallelismConfig(cp_backend={self.cp_backend!r}): the only context-parallel backend "
@@ -176,8 +195,33 @@ class ParallelismConfig:
 
     @property
     def active_mesh_dims(self) -> list[str]:
-        """Enabled dimensions in mesh order."""
-        return [n for n in MESH_ORDER if self.sizes[n] > 1]
+        """Enabled dimensions, data-parallel ones first (Accelerate's order; the mesh itself is in
+        :data:`MESH_ORDER`, see :meth:`_get_mesh`)."""
+        return self.dp_dim_names + self.non_dp_dim_names
+
+    # -- the mesh ---------------------------------------------------------------------------
+    def _get_mesh(self) -> tuple:
+        """``(dimension names, sizes)`` of the enabled dimensions in mesh order (outermost first), as
+        ``init_device_mesh`` takes them; ``()`` when every size is 1."""
+        enabled = [(name, size) for name, size in self.sizes.items() if size > 1]
+        return tuple(zip(*enabled))
+
+    def build_device_mesh(self, device_type: str):
+        """A new ``DeviceMesh`` of the enabled dimensions on ``device_type`` (every process of the default
+        group must call it), with the flattened dimensions ``dp``, ``dp_shard_cp`` and ``dp_cp`` where
+        their parts are enabled; ``None`` when every size is 1."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = self._get_mesh()
+        if not mesh:
+            return None
+        names, shape = mesh
+        device_mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+        for parts, flat in ((self.dp_dim_names, "dp"), (self.dp_shard_cp_dim_names, "dp_shard_cp"),
+                            (self.dp_cp_dim_names, "dp_cp")):
+            if parts:
+                device_mesh[parts]._flatten(flat)
+        return device_mesh
 
     # -- torchbay config ------------------------------------------------------------------------
     def to_config(self) -> dict[str, Any]:
@@ -197,11 +241,15 @@ class ParallelismConfig:
                    tp_plan=getattr(section, "tp_plan", None) or None)
 
     def get_device_mesh(self, device_type: Optional[str] = None):
-        """The mesh the selected strategy built for this config (``accelerator.torch_device_mesh``)."""
+        """The mesh of this config: the one the selected strategy built (``accelerator.torch_device_mesh``), else
+        one built now on ``device_type`` (:meth:`build_device_mesh`)."""
         if self.device_mesh is None:
-            raise ConfigError("ParallelismConfig.get_device_mesh: the mesh is built by the selected strategy when an "
-                              "Accelerator takes this config (Accelerator(parallelism_config=...)); read "
-                              "accelerator.torch_device_mesh")
+            if device_type is None:
+                raise ConfigError("ParallelismConfig.get_device_mesh(): no mesh was built yet; pass the device type "
+                                  "(get_device_mesh('cpu')), or let an Accelerator take this config "
+                                  "(Accelerator(parallelism_config=...)) and read accelerator.torch_device_mesh")
+            self.device_mesh = self.build_device_mesh(device_type)
+            return self.device_mesh
         if device_type is not None and self.device_mesh.device_type != device_type:
             raise ConfigError(f"ParallelismConfig.get_device_mesh({device_type!r}): the mesh was built for "
                               f"{self.device_mesh.device_type!r}")

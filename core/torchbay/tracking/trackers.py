@@ -61,7 +61,8 @@ class GeneralTracker:
     settings: the config section named after the tracker) and ``logging_dir_for(base,
     settings)`` (where it writes; by default ``<base>/<name>``, or the section's ``logging_dir``).
     On the main process torchbay then builds it with ``create(run_name, logging_dir, settings,
-    init_kwargs)`` and calls ``start()``. An instance passed in ``log_with`` is used as it is.
+    init_kwargs)`` and calls ``start()``. An instance passed in ``log_with`` is built by the user; ``init_trackers``
+    calls its ``start()`` too (as Accelerate does), on the processes it runs on.
 
     Only the main process runs a tracker unless its ``main_process_only`` is ``False``.
     """
@@ -104,8 +105,16 @@ class GeneralTracker:
     def create(cls, run_name: str, logging_dir: Path, settings: Any, init_kwargs: dict[str, Any]) -> GeneralTracker:
         """Build the tracker for this run (main process). ``settings`` is the tracker's config
         section (``None`` without one); ``init_kwargs`` is ``init_trackers(init_kwargs={name: ...})``.
-        The default calls ``cls(run_name, logging_dir, settings=settings, **init_kwargs)``."""
-        return cls(run_name, logging_dir, settings=settings, **init_kwargs)
+        The default calls ``cls(run_name, logging_dir, settings=settings, **init_kwargs)``; for a class whose
+        constructor takes no ``settings`` (Accelerate's convention), ``cls(run_name, logging_dir, **init_kwargs)``
+        when it ``requires_logging_directory``, else ``cls(run_name, **init_kwargs)``."""
+        from torchbay.tracking.registry import takes_settings
+
+        if takes_settings(cls):
+            return cls(run_name, logging_dir, settings=settings, **init_kwargs)
+        if cls.requires_logging_directory:
+            return cls(run_name, str(logging_dir), **init_kwargs)
+        return cls(run_name, **init_kwargs)
 
     # -- the run ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -162,11 +171,13 @@ def install_hint(name: str, installed=()) -> str:
 
 
 def registered(pm=None) -> dict[str, type[GeneralTracker]]:
-    """Every installed tracker class by name (the built-in ``jsonl`` included)."""
-    if pm is None:
+    """Every installed tracker class by name (the built-in ``jsonl`` included), with the classes this process
+    registered (``register_tracker_class``)."""
+    from torchbay.tracking.registry import LOGGER_TYPE_TO_CLASS
 
+    if pm is None:
         pm = get_plugin_manager()
-    return pm.registries()["trackers"]
+    return LOGGER_TYPE_TO_CLASS.merged(pm.registries()["trackers"])
 
 
 def select_trackers(names: Iterable[str], registry: Mapping[str, type[GeneralTracker]], pm=None,
@@ -220,10 +231,12 @@ def tracking_problems(context: Any) -> list[str]:
     trackers, the selected classes' own ``check``, a logging directory that is a file."""
     config = context.config
     registry = registered(context.pm)
-    classes, problems = select_trackers(config.tracking.log_with, registry, context.pm)
+    from torchbay.tracking.registry import convention_problems
 
+    classes, problems = select_trackers(config.tracking.log_with, registry, context.pm)
     for cls in classes:
         check_selected(cls, context, problems, context.pm)
+    problems += convention_problems(classes, context)
     if classes:
         base = logging_base(config)
         for cls in classes:

@@ -193,7 +193,7 @@ def test_parallelism_config_has_accelerates_fields_properties_and_rules():
     assert FromUtils is ParallelismConfig
     pc = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, tp_size=2, cp_size=2)
     assert pc.total_size == 16 and pc.data_parallel_size == 4 and pc.non_data_parallel_size == 4
-    assert pc.active_mesh_dims == ["dp_replicate", "dp_shard", "cp", "tp"]
+    assert pc.active_mesh_dims == ["dp_replicate", "dp_shard", "tp", "cp"]  # Accelerate's order (the mesh: _get_mesh)
     assert (pc.dp_dim_names, pc.non_dp_dim_names) == (["dp_replicate", "dp_shard"], ["tp", "cp"])
     assert (pc.dp_shard_cp_dim_names, pc.dp_cp_dim_names) == (["dp_shard", "cp"], ["dp_replicate", "dp_shard", "cp"])
     assert pc.fsdp_dim_names == ["dp_replicate", "dp_shard_cp"]
@@ -214,7 +214,7 @@ def test_parallelism_config_has_accelerates_fields_properties_and_rules():
         TorchContextParallelConfig(cp_comm_strategy="ring")
     with pytest.raises(ConfigError, match="enable_async_tp"):
         TorchTensorParallelConfig(enable_async_tp=True)
-    with pytest.raises(ConfigError, match="get_device_mesh.*torch_device_mesh"):
+    with pytest.raises(ConfigError, match="get_device_mesh.*pass the device type.*torch_device_mesh"):
         ParallelismConfig(dp_shard_size=2).get_device_mesh()
 
 

@@ -19,14 +19,15 @@ class AimTracker(GeneralTracker):
     library = "aim"
     requires_logging_directory = True
 
-    def __init__(self, project_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
                  **kwargs: Any):
+        """``repo`` (Aim's own argument, as Accelerate passes it on) is the repository and wins over
+        ``logging_dir``."""
         super().__init__()
-        if "repo" in kwargs or "experiment" in kwargs:
-            raise TrackerError("init_kwargs['aim']: the repository is aim.logging_dir and the experiment "
-                               "init_trackers' name; remove repo/experiment")
-        self.project = project_name
-        self.repo = Path(logging_dir or ".").absolute()
+        if "experiment" in kwargs:
+            raise TrackerError("init_kwargs['aim']['experiment']: the experiment is init_trackers' name; remove it")
+        self.project = run_name
+        self.repo = Path(kwargs.pop("repo", None) or logging_dir or ".").absolute()
         self.settings = settings
         self.kwargs = kwargs
         self.run = None

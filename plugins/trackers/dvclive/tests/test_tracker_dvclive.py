@@ -37,7 +37,7 @@ def test_metrics_params_and_end_training_writes_the_summary(tmp_path, monkeypatc
     tracker = acc.get_tracker("dvclive")
     assert tracker.tracker is acc.get_tracker("dvclive", unwrap=True) is not None
     acc.end_training()
-    assert tracker.live is None and acc.trackers == []  # Live.end() called and the tracker let go
+    assert tracker._ended and acc.trackers == [tracker]  # Live.end() called; kept to read back, as in Accelerate
     run_dir = tmp_path / "logs" / "dvclive" / "proj"
     metrics, params = read(run_dir)
     assert metrics == {name: [(s, expected_values(s)[name]) for s in range(3)]

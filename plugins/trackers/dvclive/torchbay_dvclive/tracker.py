@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from torchbay.plugin import GeneralTracker, TrackerError, say, split_scalars, to_python
+from torchbay.plugin import GeneralTracker, say, split_scalars, to_python
 
 
 class DVCLiveTracker(GeneralTracker):
@@ -29,15 +29,18 @@ class DVCLiveTracker(GeneralTracker):
     library = "dvclive"
     requires_logging_directory = True
 
-    def __init__(self, project_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
-                 **kwargs: Any):
+    def __init__(self, run_name: str | None = None, logging_dir: str | os.PathLike | None = None,
+                 settings: Any = None, live: Any = None, **kwargs: Any):
+        """``run_name`` and ``logging_dir`` as torchbay gives them (``<logging_dir>/<run_name>``); Accelerate's
+        arguments too: ``dir`` (DVCLive's own: the run's directory, given by the user, wins) and ``live`` (a
+        ``dvclive.Live`` the user built, used as it is)."""
         super().__init__()
-        if "dir" in kwargs:
-            raise TrackerError("init_kwargs['dvclive']['dir']: set dvclive.logging_dir (or tracking.logging_dir)")
-        self.dir = Path(logging_dir or ".") / project_name
+        given = kwargs.pop("dir", None)
+        self.dir = Path(given) if given else Path(logging_dir or ".") / (run_name or "dvclive")
         self.settings = settings
         self.kwargs = kwargs
-        self.live = None
+        self.live = live
+        self._ended = False
 
 
     @classmethod
@@ -55,6 +58,8 @@ class DVCLiveTracker(GeneralTracker):
     def start(self) -> None:
         from dvclive import Live
 
+        if self.live is not None:
+            return
         save_dvc_exp = bool(getattr(self.settings, "save_dvc_exp", False))
         repository = git_root_dvclive_sets_up(Path.cwd())
         if repository is not None:  # allowed (check): say it as it happens
@@ -99,9 +104,10 @@ class DVCLiveTracker(GeneralTracker):
             self.live.log_image(name if "." in name else f"{name}.png", image)
 
     def finish(self) -> None:
-        if self.live is not None:
+        """End the run; ``self.live`` stays, to read the run's files back (as Accelerate's tracker keeps it)."""
+        if self.live is not None and not self._ended:
             self.live.end()
-            self.live = None
+            self._ended = True
 
 
 def git_root_dvclive_sets_up(start: Path) -> Path | None:

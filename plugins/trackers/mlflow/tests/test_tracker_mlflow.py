@@ -70,6 +70,6 @@ def test_bad_settings_are_refused_before_training(tmp_path):
     with pytest.raises(ConfigError, match="mlflow.tracking_uri 'mlruns' is not a store URI"):
         Accelerator(project_dir=str(tmp_path), log_with="mlflow", config={"mlflow": {"tracking_uri": "mlruns"}})
     acc = Accelerator(project_dir=str(tmp_path), log_with="mlflow")
-    with pytest.raises(Exception, match="takes run_name, tags and description"):
-        acc.init_trackers("p", init_kwargs={"mlflow": {"nested_run": True}})
+    with pytest.raises(Exception, match="takes run_name, tags, description, run_id and nested_run"):
+        acc.init_trackers("p", init_kwargs={"mlflow": {"store": "x"}})
     acc.end_training()

@@ -24,13 +24,13 @@ class TrackioTracker(GeneralTracker):
     library = "trackio"
     requires_logging_directory = True
 
-    def __init__(self, project_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
                  **kwargs: Any):
         super().__init__()
         if "project" in kwargs or "config" in kwargs:
             raise TrackerError("init_kwargs['trackio']: the project is init_trackers' name and the config its "
                                "config argument; remove them")
-        self.project = project_name
+        self.project = run_name  # Accelerate's name for it: the project of the run
         self.store = Path(logging_dir or ".").absolute()
         self.settings = settings
         self.kwargs = kwargs

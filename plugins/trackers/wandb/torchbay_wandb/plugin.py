@@ -30,7 +30,7 @@ class WandbSection(Section):
 
 @hookimpl
 def torchbay_register_trackers():
-    return [LazyClass("torchbay_wandb.tracker:WandbTracker", name="wandb")]
+    return [LazyClass("torchbay_wandb.tracker:WandBTracker", name="wandb")]
 
 
 @hookimpl

@@ -14,19 +14,19 @@ from typing import Any
 from torchbay.plugin import GeneralTracker, TrackerError, flatten, to_python
 
 
-class WandbTracker(GeneralTracker):
+class WandBTracker(GeneralTracker):
     name = "wandb"
     library = "wandb"
     requires_logging_directory = True
 
-    def __init__(self, project_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
                  **kwargs: Any):
         super().__init__()
         for key in ("dir", "project"):
             if key in kwargs:
                 raise TrackerError(f"init_kwargs['wandb']['{key}']: set it with "
                                    f"{'wandb.logging_dir' if key == 'dir' else 'init_trackers(project_name)'} instead")
-        self.project = project_name
+        self.project = run_name  # Accelerate's name for it: the project of the run
         self.logging_dir = Path(logging_dir or ".").absolute()
         self.settings = settings
         self.kwargs = kwargs
@@ -72,3 +72,7 @@ class WandbTracker(GeneralTracker):
         if self.run is not None:
             self.run.finish()
             self.run = None
+
+
+#: the name this class had before it took Accelerate's
+WandbTracker = WandBTracker
