@@ -37,7 +37,7 @@ _EXPORTS = {
     "torchbay.compat.helpers": ["find_executable_batch_size"],
     "torchbay.launch.notebook": ["debug_launcher", "notebook_launcher"],
     "torchbay.distributed.parallelism_config": ["ParallelismConfig"],
-    "torchbay.distributed.local_sgd": ["LocalSGD"],
+    "torchbay.accelerator.local_sgd": ["LocalSGD"],
     "torchbay.process.state": ["AcceleratorState", "DistributedType", "PartialState"],
     "torchbay.data.gradient_state": ["GradientState"],
     "torchbay.plugin.manager": ["PluginManager", "get_plugin_manager", "hookimpl"],

@@ -21,7 +21,8 @@ LAYERS = [
     ("data", "checkpoint", "big_modeling", "tracking", "launch"),
     ("compat",),
     ("accelerator",),
-    ("utils", "state", "wrappers", "launchers", "cli", "testing", "compat.commands"),
+    ("utils", "state", "wrappers", "launchers", "cli", "testing", "compat.commands", "compat.accelerate_cli",
+     "compat.config_commands", "compat.launch_helpers"),
 ]
 # a plugin inside the core: it may import layers 0-5 (up to the services), and no core module imports it
 PLUGIN_LAYER = "builtin"

@@ -80,8 +80,8 @@ def test_local_sgd_does_nothing_with_one_process():
 def test_accelerate_local_sgd_is_served_under_the_switch():
     from torchbay.compat.finder import MODULES
 
-    assert MODULES["accelerate.local_sgd"] == "torchbay.distributed.local_sgd"
-    from torchbay.distributed import local_sgd
+    assert MODULES["accelerate.local_sgd"] == "torchbay.accelerator.local_sgd"
+    from torchbay.accelerator import local_sgd
 
     assert local_sgd.LocalSGD is torchbay.LocalSGD and local_sgd.Accelerator is torchbay.Accelerator
     assert local_sgd.DistributedType is torchbay.DistributedType

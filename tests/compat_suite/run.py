@@ -142,10 +142,16 @@ def refusals() -> dict[str, dict[str, str]]:
 KNOWN = HERE / "known_losses.txt"
 
 
-def known_losses() -> set[str]:
+def known_lines() -> dict[str, str]:
+    """``{test key: its line}``; a line is ``file::Class::test  # why it is still lost``."""
     if not KNOWN.exists():
-        return set()
-    return {line.strip() for line in KNOWN.read_text().splitlines() if line.strip() and not line.startswith("#")}
+        return {}
+    lines = [line.rstrip() for line in KNOWN.read_text().splitlines()]
+    return {line.split("#", 1)[0].strip(): line for line in lines if line.strip() and not line.startswith("#")}
+
+
+def known_losses() -> set[str]:
+    return set(known_lines())
 
 
 def refusal_for(key: str, table: dict[str, dict[str, str]]) -> dict[str, str] | None:
@@ -158,7 +164,7 @@ def refusal_for(key: str, table: dict[str, dict[str, str]]) -> dict[str, str] | 
 def summarise(files: list[str], results: dict[str, dict[str, dict[str, tuple[str, str]]]],
               seconds: dict[str, dict[str, float]]) -> tuple[str, int, int, list[str]]:
     """The markdown table, the counts (passing on Accelerate, of those passing on torchbay) and the unlisted losses."""
-    listed, known = refusals(), known_losses()
+    listed, known = refusals(), known_lines()
     rows, lost_rows, unlisted = [], [], []
     total_acc = total_both = 0
     for file in files:
@@ -182,7 +188,9 @@ def summarise(files: list[str], results: dict[str, dict[str, dict[str, tuple[str
             if entry is None:
                 if key not in known:
                     unlisted.append(key)
-                why = f"{'still to fix' if key in known else '**new**'}: {outcome}: {error}"
+                reason = known[key].partition("#")[2].strip() if key in known else ""
+                label = ("still to fix" + (f" ({reason})" if reason else "")) if key in known else "**new**"
+                why = f"{label}: {outcome}: {error}"
             else:
                 why = f"refused: {entry['why']} Loses: {entry['loses']} Instead: {entry['instead']}"
             lost_rows.append(f"| `{key}` | {why.replace('|', '/')} |")
@@ -213,6 +221,17 @@ def summarise(files: list[str], results: dict[str, dict[str, dict[str, tuple[str
         "",
     ])
     return text, total_acc, total_both, unlisted
+
+
+def lost_now(files: list[str], results: dict[str, dict[str, dict[str, tuple[str, str]]]]) -> set[str]:
+    """Every ``file::test`` that passed on Accelerate and not on torchbay in this run."""
+    lost = set()
+    for file in files:
+        torchbay = results["torchbay"].get(file, {})
+        for name, (outcome, _) in results["accelerate"].get(file, {}).items():
+            if outcome == "passed" and torchbay.get(name, ("missing", ""))[0] != "passed":
+                lost.add(f"{file}::{name}")
+    return lost
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,9 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"# {len(files)} files in {time.time() - begun:.0f}s; workspace {root}", file=sys.stderr)
     if args.write_known and args.side == "both" and not args.files:
+        kept = known_lines()  # a line keeps the reason written after its key
+        still = {key for key in kept if key in lost_now(files, results)}
         KNOWN.write_text("# Accelerate's tests that pass on Accelerate and not yet on torchbay: differences to fix, "
-                         "written by\n# tests/compat_suite/run.py --write-known (a refusal belongs in refusals.yaml)\n"
-                         + "".join(f"{key}\n" for key in sorted(known_losses() | set(unlisted))))
+                         "written by\n# tests/compat_suite/run.py --write-known (a refusal belongs in refusals.yaml); "
+                         "`# why` after a key says why it is still lost\n"
+                         + "".join(f"{kept.get(key, key)}\n" for key in sorted(still | set(unlisted))))
         unlisted = []
     if not args.no_doc and args.side == "both" and not args.files:
         DOC.write_text(text)

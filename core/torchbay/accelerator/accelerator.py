@@ -22,7 +22,6 @@ from torchbay.accelerator.state_io import StateSaving, refuse_unsupported
 from torchbay.accelerator.surface import AccelerateSurface, plugin_objects
 from torchbay.accelerator.surface import translate as translate_accelerate_arguments
 from torchbay.accelerator.tracking import Tracking
-from torchbay.accelerator.unwrap import unwrap
 from torchbay.axes.strategy import Strategy
 from torchbay.config.handlers import (
     AutocastKwargs,
@@ -38,6 +37,7 @@ from torchbay.config.model import ResolvedConfig
 from torchbay.config.resolve import config_model, resolve_config
 from torchbay.data.gradient_state import GradientState
 from torchbay.data.prepare import skip_first_batches
+from torchbay.distributed.unwrap import unwrap
 from torchbay.errors import ConfigError
 from torchbay.plugin.manager import get_plugin_manager
 from torchbay.plugin.selection import build_context

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         origins: dict[str, str] = {}
         imported = None
         if argv[:1] == ["launch"]:  # an Accelerate config file is read as `config import-accelerate` reads it
-            from torchbay.compat.commands import with_torchbay_config
+            from torchbay.compat.accelerate_config_file import with_torchbay_config
 
             rest, imported = with_torchbay_config(argv[1:])
             argv = ["launch", *rest]

@@ -38,7 +38,7 @@ def config_main(rest: list[str]) -> int:
     """``accelerate config [default|update] [--config_file F]``: ``default`` writes Accelerate's basic config
     (write_basic_config); without a subcommand torchbay's questionnaire writes F (default: Accelerate's default
     config file, which ``accelerate launch`` reads)."""
-    from torchbay.compat.commands import default_config_file
+    from torchbay.compat.accelerate_config_file import default_config_file
 
     if rest[:1] == ["default"]:
         from torchbay.compat.launch_helpers import write_basic_config

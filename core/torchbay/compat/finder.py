@@ -55,7 +55,7 @@ MODULES = {
     "accelerate.data_loader": "torchbay.data.loader",
     "accelerate.hooks": "torchbay.compat.hooks",
     "accelerate.launchers": "torchbay.launch.notebook",
-    "accelerate.local_sgd": "torchbay.distributed.local_sgd",
+    "accelerate.local_sgd": "torchbay.accelerator.local_sgd",
     "accelerate.logging": "torchbay.utils",
     "accelerate.optimizer": "torchbay.wrappers",
     "accelerate.parallelism_config": "torchbay.distributed.parallelism_config",

@@ -108,7 +108,7 @@ def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: 
 def extract_model_from_parallel(model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
                                 recursive: bool = False) -> Any:
     """The user's module inside DDP/other wrappers (``torch.compile``'s kept unless ``keep_torch_compile=False``)."""
-    from torchbay.accelerator.unwrap import unwrap
+    from torchbay.distributed.unwrap import unwrap
 
     return unwrap(model, keep_fp32_wrapper, keep_torch_compile)
 

@@ -112,7 +112,7 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
 def write_basic_config(mixed_precision: str = "no", save_location: str | None = None) -> str | bool:
     """Write Accelerate's basic config file (this machine's devices, one process each) to ``save_location``
     (default: Accelerate's default config file); an existing file is left as it is and False returned."""
-    from torchbay.compat.commands import default_config_file
+    from torchbay.compat.accelerate_config_file import default_config_file
 
     path = save_location or default_config_file
     if os.path.exists(path):

@@ -14,16 +14,20 @@ whichever was set; when none was, such a class that requires a directory is refu
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections.abc import MutableMapping
 from typing import Any, Iterator, Mapping
 
 from torchbay.plugin.lazy_class import loaded
-from torchbay.tracking.trackers import GeneralTracker, TrackerError
-
-#: where Accelerate's logging directory comes from, first set wins
-LOGGING_DIR_SETTINGS = ("tracking.logging_dir", "project.logging_dir", "project.project_dir")
+from torchbay.tracking import trackers
+from torchbay.tracking.trackers import (  # noqa: F401 (Accelerate-convention helpers, read from here)
+    LOGGING_DIR_SETTINGS,
+    GeneralTracker,
+    TrackerError,
+    accelerate_logging_dir,
+    convention_problems,
+    takes_settings,
+)
 
 
 class TrackerClasses(MutableMapping):
@@ -70,6 +74,7 @@ class TrackerClasses(MutableMapping):
 
 #: Accelerate's ``LOGGER_TYPE_TO_CLASS``: every tracker ``log_with`` can name in this process
 LOGGER_TYPE_TO_CLASS = TrackerClasses()
+trackers.process_registrations = LOGGER_TYPE_TO_CLASS  # selection sees them (none exist before this import)
 
 
 def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
@@ -98,36 +103,6 @@ def _own_attributes(cls: type) -> set[str]:
             break
         names |= set(vars(klass))
     return names
-
-
-def takes_settings(cls: type) -> bool:
-    """Whether ``cls``'s constructor takes torchbay's ``settings`` (its config section); if not, it follows
-    Accelerate's convention."""
-    try:
-        return "settings" in inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def accelerate_logging_dir(context: Any) -> str | None:
-    """Accelerate's logging directory for this run: the first of :data:`LOGGING_DIR_SETTINGS` that was set."""
-    sources = context.resolved.sources
-    for dotted in LOGGING_DIR_SETTINGS:
-        if sources.get(dotted, "defaults") != "defaults":
-            section, key = dotted.split(".")
-            value = getattr(getattr(context.config, section), key)
-            if value:
-                return str(value)
-    return None
-
-
-def convention_problems(classes: list[type], context: Any) -> list[str]:
-    """Accelerate-convention classes that need a logging directory in a run that sets none."""
-    if accelerate_logging_dir(context) is not None:
-        return []
-    return [f"Logging with `{cls.name}` requires a `logging_dir`: set project_dir (Accelerator(project_dir=...)) or "
-            f"tracking.logging_dir" for cls in classes
-            if getattr(cls, "requires_logging_directory", False) and not takes_settings(cls)]
 
 
 def accelerate_class(attr: str) -> type[GeneralTracker]:

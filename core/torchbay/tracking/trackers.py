@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import logging
 import os
 import sys
@@ -108,8 +109,6 @@ class GeneralTracker:
         The default calls ``cls(run_name, logging_dir, settings=settings, **init_kwargs)``; for a class whose
         constructor takes no ``settings`` (Accelerate's convention), ``cls(run_name, logging_dir, **init_kwargs)``
         when it ``requires_logging_directory``, else ``cls(run_name, **init_kwargs)``."""
-        from torchbay.tracking.registry import takes_settings
-
         if takes_settings(cls):
             return cls(run_name, logging_dir, settings=settings, **init_kwargs)
         if cls.requires_logging_directory:
@@ -170,14 +169,17 @@ def install_hint(name: str, installed=()) -> str:
     return hint(TRACKER, name, installed)
 
 
+#: ``tracking.registry.LOGGER_TYPE_TO_CLASS`` once imported: the classes this process registered
+process_registrations: Any = None
+
+
 def registered(pm=None) -> dict[str, type[GeneralTracker]]:
     """Every installed tracker class by name (the built-in ``jsonl`` included), with the classes this process
     registered (``register_tracker_class``)."""
-    from torchbay.tracking.registry import LOGGER_TYPE_TO_CLASS
-
     if pm is None:
         pm = get_plugin_manager()
-    return LOGGER_TYPE_TO_CLASS.merged(pm.registries()["trackers"])
+    plugins = pm.registries()["trackers"]
+    return dict(plugins) if process_registrations is None else process_registrations.merged(plugins)
 
 
 def select_trackers(names: Iterable[str], registry: Mapping[str, type[GeneralTracker]], pm=None,
@@ -231,7 +233,6 @@ def tracking_problems(context: Any) -> list[str]:
     trackers, the selected classes' own ``check``, a logging directory that is a file."""
     config = context.config
     registry = registered(context.pm)
-    from torchbay.tracking.registry import convention_problems
 
     classes, problems = select_trackers(config.tracking.log_with, registry, context.pm)
     for cls in classes:
@@ -328,3 +329,37 @@ def say(message: str) -> None:
         log.info("torchbay: %s", message)
     else:
         print(f"torchbay: {message}", file=sys.stderr, flush=True)
+
+
+#: where Accelerate's logging directory may be set, first wins
+LOGGING_DIR_SETTINGS = ("tracking.logging_dir", "project.logging_dir", "project.project_dir")
+
+
+def takes_settings(cls: type) -> bool:
+    """Whether ``cls``'s constructor takes torchbay's ``settings`` (its config section); if not, it follows
+    Accelerate's convention."""
+    try:
+        return "settings" in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def accelerate_logging_dir(context: Any) -> str | None:
+    """Accelerate's logging directory for this run: the first of :data:`LOGGING_DIR_SETTINGS` that was set."""
+    sources = context.resolved.sources
+    for dotted in LOGGING_DIR_SETTINGS:
+        if sources.get(dotted, "defaults") != "defaults":
+            section, key = dotted.split(".")
+            value = getattr(getattr(context.config, section), key)
+            if value:
+                return str(value)
+    return None
+
+
+def convention_problems(classes: list[type], context: Any) -> list[str]:
+    """Accelerate-convention classes that need a logging directory in a run that sets none."""
+    if accelerate_logging_dir(context) is not None:
+        return []
+    return [f"Logging with `{cls.name}` requires a `logging_dir`: set project_dir (Accelerator(project_dir=...)) or "
+            f"tracking.logging_dir" for cls in classes
+            if getattr(cls, "requires_logging_directory", False) and not takes_settings(cls)]

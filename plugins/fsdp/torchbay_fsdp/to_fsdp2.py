@@ -55,11 +55,18 @@ def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 
 def load_config(config_file: str) -> dict[str, Any]:
-    from torchbay.config.files import load_yaml_file
+    import yaml
 
-    config = load_yaml_file(config_file)
+    try:
+        with open(config_file, encoding="utf-8") as handle:
+            config = yaml.safe_load(handle)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read {config_file}: {exc}", header="accelerate to-fsdp2") from exc
     if not config:
         raise ConfigError(f"{config_file} is empty", header="accelerate to-fsdp2")
+    if not isinstance(config, dict):
+        raise ConfigError(f"{config_file} must hold a mapping of Accelerate's keys to values",
+                          header="accelerate to-fsdp2")
     return config
 
 
