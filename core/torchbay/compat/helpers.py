@@ -193,10 +193,6 @@ def find_executable_batch_size(function: Callable | None = None, starting_batch_
 
 
 # -- small structure and environment helpers (Accelerate's names) ---------------------------
-class CannotPadNestedTensorWarning(UserWarning):
-    """pad_across_processes met a nested tensor and left it as it is."""
-
-
 class PrecisionType(str, enum.Enum):
     """The ``mixed_precision`` values."""
 
@@ -214,10 +210,6 @@ class TensorInformation:
 
 def is_tensor_information(value: Any) -> bool:
     return isinstance(value, TensorInformation)
-
-
-def is_torch_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)
 
 
 def is_namedtuple(value: Any) -> bool:
