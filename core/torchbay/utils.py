@@ -60,7 +60,7 @@ _EXPORTS = {
                                        "write_basic_config"],
     "torchbay.compat.helpers": ["PrecisionType", "RNGType", "TensorInformation",
                          "check_os_kernel", "compare_versions", "convert_bytes",
-                         "dtype_byte_size", "extract_model_from_parallel",
+                         "dtype_byte_size", "extract_model_from_parallel", "get_model_tp_size",
                          "find_executable_batch_size", "get_current_device_type", "get_data_structure",
                          "get_grad_scaler", "get_int_from_env", "get_mixed_precision_context_manager",
                          "get_pretty_name", "ignorant_find_batch_size", "initialize_tensors", "is_compiled_module",
