@@ -101,3 +101,22 @@ def test_under_the_switch_accelerates_environment_logger_hears_the_launch_helper
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {"kept": ["A=1\n"], "heard": ["WARNING"]}
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = self.a
+
+
+def test_save_safetensors_drops_shared_tensors_with_one_warning(tmp_path, caplog):
+    model = Tied()
+    state = model.state_dict()
+    with caplog.at_level(logging.WARNING):
+        helpers.save(state, tmp_path / "model.safetensors", safe_serialization=True)
+    assert len(caplog.records) == 1 and "Removed shared tensor" in caplog.records[0].getMessage()
+    from safetensors.torch import load_file
+
+    assert sorted(load_file(tmp_path / "model.safetensors")) == ["a.bias", "a.weight"]
+    assert sorted(state) == ["a.bias", "a.weight", "b.bias", "b.weight"]  # the caller's dict is left as it was

@@ -131,7 +131,14 @@ def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: 
     if safe_serialization:
         from safetensors.torch import save_file
 
-        save_file(obj, f, metadata={"format": "pt"})
+        from torchbay.big_modeling.offload import clean_state_dict_for_safetensors
+
+        kept = clean_state_dict_for_safetensors(obj)  # safetensors refuses tensors that share memory
+        removed = [name for name in obj if name not in kept]
+        if removed:
+            logger.warning(f"Removed shared tensor {removed} while saving (they share memory with a tensor saved "
+                           f"under another name); reloading ties them again only if the model ties them")
+        save_file(kept, f, metadata={"format": "pt"})
     else:
         torch.save(obj, f)
 
