@@ -33,3 +33,15 @@ def test_a_quantized_model_on_the_device_or_a_plain_offloaded_one_is_prepared(ac
     plain = torch.nn.Linear(2, 2)
     plain.hf_device_map = {"": "cpu"}
     accelerator.prepare_model(plain)
+
+
+def test_after_a_state_reset_the_accelerators_process_queries_say_so(accelerator):
+    from torchbay.process.state import StateResetError
+
+    assert accelerator.num_processes == 1
+    with pytest.raises(AttributeError, match="no attribute 'someotherthing'"):
+        accelerator.state.someotherthing  # noqa: B018
+    accelerator.state._reset_state()
+    for name in ("num_processes", "process_index", "local_process_index"):
+        with pytest.raises(StateResetError, match=r"_reset_state\(\)"):
+            getattr(accelerator, name)
