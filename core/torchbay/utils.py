@@ -20,7 +20,8 @@ from typing import Any
 
 _EXPORTS = {
     "torchbay.process.seeding": ["set_seed", "synchronize_rng_state", "synchronize_rng_states"],
-    "torchbay.data.operations": ["ConvertOutputsToFp32", "DistributedOperationException", "broadcast",
+    "torchbay.data.operations": ["CannotPadNestedTensorWarning", "ConvertOutputsToFp32",
+                                 "DistributedOperationException", "broadcast", "is_torch_tensor", "pad_input_tensors",
                             "broadcast_object_list", "concatenate", "convert_outputs_to_fp32", "convert_to_fp32",
                             "copy_tensor_to_devices", "find_batch_size", "find_device", "gather", "gather_object",
                             "get_shape", "honor_type", "listify", "pad_across_processes", "recursively_apply",
@@ -57,14 +58,14 @@ _EXPORTS = {
     "torchbay.compat.launch_helpers": ["_convert_nargs_to_dict", "convert_dict_to_env_variables",
                                        "prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env",
                                        "write_basic_config"],
-    "torchbay.compat.helpers": ["CannotPadNestedTensorWarning", "PrecisionType", "RNGType", "TensorInformation",
+    "torchbay.compat.helpers": ["PrecisionType", "RNGType", "TensorInformation",
                          "check_os_kernel", "compare_versions", "convert_bytes",
-                         "dtype_byte_size", "extract_model_from_parallel",
+                         "dtype_byte_size", "extract_model_from_parallel", "get_model_tp_size",
                          "find_executable_batch_size", "get_current_device_type", "get_data_structure",
                          "get_grad_scaler", "get_int_from_env", "get_mixed_precision_context_manager",
                          "get_pretty_name", "ignorant_find_batch_size", "initialize_tensors", "is_compiled_module",
                          "is_namedtuple", "is_peft_model", "is_port_in_use",
-                         "is_tensor_information", "is_torch_tensor", "is_torch_version", "load", "merge_dicts",
+                         "is_tensor_information", "is_torch_version", "load", "merge_dicts",
                          "parse_choice_from_env", "parse_flag_from_env", "recursive_getattr",
                          "release_memory", "save", "str_to_bool", "wait_for_everyone"],
 }

@@ -40,6 +40,8 @@ class Preparation:
                    for o in objects]
         kinds = [self._kind(o) for o in objects]
         for obj, kind, placed in zip(objects, kinds, placements):
+            if kind == "model":
+                _refuse_offloaded_quantized(obj)
             if kind == "model" and not placed:
                 self._check_unplaced_model(obj)
             if kind == "dataloader":
@@ -187,6 +189,20 @@ class Preparation:
         self._dataloaders.append(loader)
         _mark_prepared(loader)
         return loader
+
+
+def _refuse_offloaded_quantized(model: Any) -> None:
+    """A model loaded in 8 or 4 bits (bitsandbytes) whose ``hf_device_map`` puts part of it on the cpu or disk
+    cannot be trained: its offloaded weights would never be updated."""
+    if not (getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)):
+        return
+    offloaded = sorted(name for name, where in (getattr(model, "hf_device_map", None) or {}).items()
+                       if str(where) in ("cpu", "disk"))
+    if offloaded:
+        raise ConfigError(f"prepare: this model was loaded in 8-bit or 4-bit precision with CPU or disk offload "
+                          f"({', '.join(repr(n) for n in offloaded)} in its hf_device_map), which cannot be "
+                          f"trained; load it with a device_map that keeps every module on the accelerator, or "
+                          f"prepare it with prepare_model(model, evaluation_mode=True) for inference")
 
 
 def _prepared(obj: Any) -> bool:

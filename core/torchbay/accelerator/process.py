@@ -20,18 +20,19 @@ from torchbay.process.queries import ProcessQueries
 class ProcessControl(ProcessQueries):
     """Methods of the Accelerator that need only its strategy (``self.strategy``)."""
 
-    # -- where am I ------------------------------------------------------------------
+    # -- where am I (read from the shared state, as Accelerate does: after ``AcceleratorState._reset_state()``
+    # they raise StateResetError until a new Accelerator or PartialState is made) ----------------------
     @property
     def process_index(self) -> int:
-        return self.strategy.rank
+        return self.state.process_index
 
     @property
     def local_process_index(self) -> int:
-        return self.strategy.local_rank
+        return self.state.local_process_index
 
     @property
     def num_processes(self) -> int:
-        return self.strategy.world_size
+        return self.state.num_processes
 
     @property
     def use_distributed(self) -> bool:

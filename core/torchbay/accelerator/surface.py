@@ -207,4 +207,7 @@ class AccelerateSurface:
         if name in REFUSED_ATTRIBUTES:
 
             raise UnsupportedAPIError(f"Accelerator.{name} is not offered by torchbay: {REFUSED_ATTRIBUTES[name]}")
+        prop = getattr(type(self), name, None)
+        if isinstance(prop, property) and prop.fget is not None:
+            return prop.fget(self)  # a property raised AttributeError (StateResetError...): let its own error show
         raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}")

@@ -65,6 +65,14 @@ MODULES = {
     "accelerate.utils": "torchbay.utils",
 }
 
+#: Accelerate's logger -> the torchbay module that logs what Accelerate logs there (when the two
+#: differ from the module mapping above): a script listening on Accelerate's logger hears torchbay's
+LOGGERS = {
+    "accelerate.utils.environment": "torchbay.compat.launch_helpers",
+    "accelerate.utils.launch": "torchbay.compat.launch_helpers",
+    "accelerate.utils.other": "torchbay.compat.helpers",
+}
+
 #: the table of Accelerate names the Hugging Face libraries import (compat/library_names.py reads the rest)
 LIBRARY_NAMES = "compat/resources/library_names.yaml"
 
@@ -280,8 +288,15 @@ def install(replace_imported: bool = False) -> AccelerateFinder:
         del sys.modules[name]
     finder = AccelerateFinder()
     sys.meta_path.insert(0, finder)
+    _alias_loggers()
     importlib.invalidate_caches()
     return finder
+
+
+def _alias_loggers() -> None:
+    """Answer ``logging.getLogger(<Accelerate's logger>)`` with the torchbay logger of :data:`LOGGERS`."""
+    for accelerate_name, torchbay_module in LOGGERS.items():
+        logging.root.manager.loggerDict.setdefault(accelerate_name, logging.getLogger(torchbay_module))
 
 
 def install_from_environment() -> None:

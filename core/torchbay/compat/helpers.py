@@ -11,8 +11,11 @@ import enum
 import functools
 import gc
 import inspect
+import logging
 import operator
 import os
+import platform
+import re
 from typing import Any, Callable
 
 import torch
@@ -20,6 +23,8 @@ import torch
 from torchbay.data.operations import find_batch_size, recursively_apply
 from torchbay.errors import ConfigError, TorchbayError
 from torchbay.process.state import AcceleratorState, PartialState
+
+logger = logging.getLogger(__name__)
 
 
 class RNGType(str, enum.Enum):
@@ -84,8 +89,34 @@ def get_pretty_name(obj: Any) -> str:
     return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", str(obj))
 
 
+_MIN_KERNEL = (5, 5, 0)
+
+
 def check_os_kernel() -> None:
-    """Accelerate warns about old Linux kernels; torchbay leaves that to the OS (no-op)."""
+    """Warn (main process) when the Linux kernel is older than 5.5.0: older ones can hang distributed runs."""
+    info = platform.uname()
+    found = re.search(r"(\d+)\.(\d+)\.(\d+)", info.release) if info.system == "Linux" else None
+    if found is None or tuple(map(int, found.groups())) >= _MIN_KERNEL:
+        return
+    if PartialState._shared_state and not PartialState().is_main_process:
+        return
+    logger.warning(f"Detected kernel version {found.group(0)}, which is below the recommended minimum of "
+                   f"{'.'.join(map(str, _MIN_KERNEL))}; this can cause the process to hang. Upgrade the kernel "
+                   f"to that version or higher.")
+
+
+def get_model_tp_size(model: Any) -> int | None:
+    """The tensor-parallel degree a ``transformers`` model was sharded with, or ``None``.
+
+    ``transformers<5`` keeps it as ``model.tp_size``; ``transformers>=5`` in ``model.config.distributed_config``
+    (an object, or a dict after a JSON round trip) and leaves ``model.tp_size`` as ``None``.
+    """
+    if getattr(model, "tp_size", None) is not None:
+        return model.tp_size
+    distributed = getattr(getattr(model, "config", None), "distributed_config", None)
+    if isinstance(distributed, dict):
+        return distributed.get("tp_size")
+    return getattr(distributed, "tp_size", None)
 
 
 def wait_for_everyone() -> None:
@@ -100,7 +131,14 @@ def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: 
     if safe_serialization:
         from safetensors.torch import save_file
 
-        save_file(obj, f, metadata={"format": "pt"})
+        from torchbay.big_modeling.offload import clean_state_dict_for_safetensors
+
+        kept = clean_state_dict_for_safetensors(obj)  # safetensors refuses tensors that share memory
+        removed = [name for name in obj if name not in kept]
+        if removed:
+            logger.warning(f"Removed shared tensor {removed} while saving (they share memory with a tensor saved "
+                           f"under another name); reloading ties them again only if the model ties them")
+        save_file(kept, f, metadata={"format": "pt"})
     else:
         torch.save(obj, f)
 
@@ -193,10 +231,6 @@ def find_executable_batch_size(function: Callable | None = None, starting_batch_
 
 
 # -- small structure and environment helpers (Accelerate's names) ---------------------------
-class CannotPadNestedTensorWarning(UserWarning):
-    """pad_across_processes met a nested tensor and left it as it is."""
-
-
 class PrecisionType(str, enum.Enum):
     """The ``mixed_precision`` values."""
 
@@ -214,10 +248,6 @@ class TensorInformation:
 
 def is_tensor_information(value: Any) -> bool:
     return isinstance(value, TensorInformation)
-
-
-def is_torch_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)
 
 
 def is_namedtuple(value: Any) -> bool:

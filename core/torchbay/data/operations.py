@@ -10,6 +10,7 @@ mismatch raises :class:`DistributedOperationException`.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Callable, Mapping
 
 import torch
@@ -22,6 +23,14 @@ class DistributedOperationException(TorchbayError):
     """A collective was called with tensors that do not match across processes."""
 
 
+class CannotPadNestedTensorWarning(UserWarning):
+    """pad_across_processes met a nested tensor and left it as it is."""
+
+
+def is_torch_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
 def _is_namedtuple(data: Any) -> bool:
     return isinstance(data, tuple) and hasattr(data, "_fields")
 
@@ -30,7 +39,7 @@ def honor_type(obj: Any, generator) -> Any:
     return type(obj)(*list(generator)) if _is_namedtuple(obj) else type(obj)(generator)
 
 
-def recursively_apply(func: Callable, data: Any, *args: Any, test_type: Callable = torch.is_tensor,
+def recursively_apply(func: Callable, data: Any, *args: Any, test_type: Callable = is_torch_tensor,
                       error_on_other_type: bool = False, **kwargs: Any) -> Any:
     """Apply ``func`` to every object passing ``test_type`` inside lists, tuples and mappings."""
     if isinstance(data, (tuple, list)):
@@ -43,8 +52,10 @@ def recursively_apply(func: Callable, data: Any, *args: Any, test_type: Callable
     if test_type(data):
         return func(data, *args, **kwargs)
     if error_on_other_type:
-        raise TypeError(f"unsupported type {type(data).__name__} passed to {getattr(func, '__name__', func)}: only "
-                        f"nested lists/tuples/dicts of tensors are")
+        # Accelerate's wording, which callers match
+        raise TypeError(f"Unsupported types ({type(data)}) passed to `{getattr(func, '__name__', func)}`. Only nested "
+                        f"list/tuple/dicts of objects that are valid for `{getattr(test_type, '__name__', test_type)}` "
+                        f"should be passed.")
     return data
 
 
@@ -58,7 +69,7 @@ def send_to_device(tensor: Any, device: Any, non_blocking: bool = False, skip_ke
         return type(tensor)({k: v if skip_keys and k in skip_keys
                              else send_to_device(v, device, non_blocking, skip_keys)
                              for k, v in tensor.items()})
-    if hasattr(tensor, "to") and callable(tensor.to):
+    if hasattr(tensor, "to"):  # (no callable(): torch.compile cannot trace it on a bound method)
         try:
             return tensor.to(device, non_blocking=non_blocking)
         except TypeError:
@@ -116,6 +127,10 @@ def _reduce(strategy, data: Any, reduction: str = "sum", scale: float = 1.0) -> 
 
 def _pad_across_processes(strategy, data: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
     def pad(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.is_nested:  # its sizes differ per item: nothing tells which one to pad to
+            warnings.warn("pad_across_processes: cannot pad a nested tensor without more information; it is "
+                          "returned as it is", CannotPadNestedTensorWarning, stacklevel=2)
+            return tensor
         if dim >= tensor.ndim or dim < -tensor.ndim:
             return tensor
         here = dim % tensor.ndim
@@ -197,13 +212,35 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def concatenate(data: list[Any], dim: int = 0) -> Any:
+    """Concatenate a list of batches (nested lists/tuples/dicts of tensors); a single batch comes back as it is."""
     if isinstance(data[0], (tuple, list)):
         return honor_type(data[0], (concatenate([d[i] for d in data], dim=dim) for i in range(len(data[0]))))
     if isinstance(data[0], Mapping):
         return type(data[0])({k: concatenate([d[k] for d in data], dim=dim) for k in data[0]})
-    if not torch.is_tensor(data[0]):
-        raise TypeError(f"can only concatenate tensors, not {type(data[0]).__name__}")
-    return torch.cat(data, dim=dim)
+    if torch.is_tensor(data[0]):
+        return torch.cat(data, dim=dim)
+    if len(data) == 1:
+        return data[0]
+    raise TypeError(f"concatenate: can only concatenate tensors, not {type(data[0]).__name__} (found in "
+                    f"{len(data)} batches)")
+
+
+def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
+    """Pad each tensor with zeros along ``dim`` from ``batch_size`` to the next multiple of ``num_processes``.
+
+    A batch of at least one item per process remains (a batch of 1 over 6 processes becomes 6 rows), so that
+    it splits evenly across the processes.
+    """
+    target = max(num_processes, -(-batch_size // num_processes) * num_processes)
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        shape = list(t.shape)
+        shape[dim] = target
+        out = t.new_zeros(shape)
+        out.narrow(dim, 0, t.shape[dim]).copy_(t)
+        return out
+
+    return recursively_apply(pad, tensor, error_on_other_type=True)
 
 
 def find_batch_size(data: Any) -> int:

@@ -31,10 +31,22 @@ def _rewrap(wrapper: Any, inner: Any) -> Any:
 
 
 def remove_fp32_wrapper(model: Any) -> None:
-    """Restore the forward that mixed precision replaced in ``prepare`` (no-op if it did not)."""
+    """Restore the forward that mixed precision replaced in ``prepare`` (no-op if it did not).
+
+    A forward wrapped by hand as Accelerate's users do (``model._original_forward = model.forward`` then
+    ``model.forward = convert_outputs_to_fp32(model.forward)``) is restored too.
+    """
     if hasattr(model, "_torchbay_original_forward"):
         model.forward = model._torchbay_original_forward
         del model._torchbay_original_forward
+    original = model.__dict__.pop("_original_forward", None) if hasattr(model, "__dict__") else None
+    if original is None:
+        return
+    if getattr(original, "__self__", None) is model and \
+            getattr(original, "__func__", None) is getattr(type(model), "forward", None):
+        model.__dict__.pop("forward", None)  # the class's own forward again: the model pickles as it did
+    else:
+        model.forward = original
 
 
 def unwrap(model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
