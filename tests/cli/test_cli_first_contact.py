@@ -257,6 +257,8 @@ def test_launch_reads_an_accelerate_config_file_through_the_import(tmp_path, scr
     assert done.returncode == 0, done.stderr
     assert "torchbay config import-accelerate" in done.stderr and len(done.stderr) < 1500, done.stderr
     assert "num_processes = 3" in done.stdout, done.stdout
+    assert accelerate_file.read_text().startswith("compute_environment: LOCAL_MACHINE")  # the user's file is only read
+    assert not list(tmp_path.glob("torchbay-from-accelerate-*"))
 
 
 def test_plugins_table_fits_the_terminal(tmp_path):

@@ -88,11 +88,9 @@ def launch_command(args: argparse.Namespace) -> int:
 def _remove_imported_config(args: argparse.Namespace) -> None:
     """The temporary torchbay config imported from an Accelerate ``--config_file`` has been read: remove it (that
     file only, which torchbay wrote; the workers get the resolved config)."""
-    import os
+    from torchbay.compat.accelerate_config_file import remove_imported_config
 
-    imported = getattr(args, "_imported_config", None)
-    if imported and os.path.isfile(imported):
-        os.remove(imported)
+    remove_imported_config(getattr(args, "_imported_config", None))
     args._imported_config = None
 
 

@@ -12,6 +12,9 @@ from torchbay.compat.config_import import import_file, to_yaml
 from torchbay.config.files import load_yaml_file
 from torchbay.errors import ConfigError
 
+#: the name every temporary config imported from an Accelerate file starts with (only such a file is removed)
+IMPORTED_PREFIX = "torchbay-from-accelerate-"
+
 #: where Accelerate keeps its default config (``accelerate config`` writes it; libraries read it)
 default_config_file = os.path.join(
     os.path.expanduser(os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"),
@@ -93,9 +96,16 @@ def with_torchbay_config(args: list[str]) -> tuple[list[str], str | None]:
         print(f"torchbay: the Accelerate config {value} imported as torchbay settings ({len(report.mapped)} mapped, "
               f"{len(report.ignored)} without effect here; `torchbay config import-accelerate` shows each)"
               + "".join(f"\n  {line}" for line in worth_saying), file=sys.stderr)
-        handle = tempfile.NamedTemporaryFile("w", prefix="torchbay-from-accelerate-", suffix=".yaml", delete=False)
+        handle = tempfile.NamedTemporaryFile("w", prefix=IMPORTED_PREFIX, suffix=".yaml", delete=False)
         with handle:
             handle.write(to_yaml(tree, report, value))
         rest = args[index + 1:] if "=" in token else args[index + 2:]
         return [*args[:index], "--config-file", handle.name, *rest], handle.name
     return args, None
+
+
+def remove_imported_config(path: str | None) -> None:
+    """Remove the temporary config :func:`with_torchbay_config` wrote, once the launch has read it: a file of
+    torchbay's own name only, never the user's."""
+    if path and os.path.basename(path).startswith(IMPORTED_PREFIX) and os.path.isfile(path):
+        os.remove(path)

@@ -15,6 +15,7 @@ from torchbay.compat.accelerate_config_file import (  # noqa: F401 (accelerate.c
     ClusterConfig,
     default_config_file,
     load_config_from_file,
+    remove_imported_config,
     with_torchbay_config,
 )
 
@@ -63,8 +64,6 @@ def launch_command(args: argparse.Namespace) -> None:
     try:
         code = args.func(args)
     finally:
-        imported = getattr(args, "_imported_config", None)
-        if imported and os.path.isfile(imported):  # the temporary file _with_torchbay_config wrote, nothing else
-            os.remove(imported)
+        remove_imported_config(getattr(args, "_imported_config", None))
     if code:
         raise SystemExit(code)
