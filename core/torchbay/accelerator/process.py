@@ -15,6 +15,7 @@ import torch
 
 from torchbay.data import operations
 from torchbay.process.queries import ProcessQueries
+from torchbay.process.state import PartialState
 
 
 class ProcessControl(ProcessQueries):
@@ -33,6 +34,20 @@ class ProcessControl(ProcessQueries):
     @property
     def num_processes(self) -> int:
         return self.state.num_processes
+
+    # Accelerate answers these from the process's PartialState, which AcceleratorState._reset_state() keeps: a
+    # script may still ask them between a reset and its next Accelerator
+    @property
+    def is_main_process(self) -> bool:
+        return PartialState().is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return PartialState().is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return PartialState().is_last_process
 
     @property
     def use_distributed(self) -> bool:
@@ -127,7 +142,7 @@ class ProcessControl(ProcessQueries):
             iterable = False
             for loader in self._dataloaders:
                 sampler = getattr(loader, "batch_sampler", None)
-                if sampler is None:
+                if not hasattr(sampler, "even_batches"):  # not a sharded batch sampler: an iterable dataset's loader
                     iterable = True
                     continue
                 restore.append((sampler, sampler.even_batches))
