@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from torchbay.compat import surface
 from torchbay.compat.finder import LIBRARY_NAMES
 from torchbay.compat.helpers import _is_out_of_memory
 from torchbay.config.files import read_packaged_yaml
@@ -37,19 +38,11 @@ def placeholders() -> set[str]:
     return set(_plugin_kinds())
 
 
-@functools.lru_cache(maxsize=None)
 def placeholder(name: str, advice: str) -> Any:
     """A class or function named ``name`` whose use raises with ``advice`` (one object per name and advice)."""
-    def refuse(*args: Any, **kwargs: Any):
-        raise UnsupportedAPIError(f"{name} is not available on torchbay here: {advice}")
-
-    kind = _plugin_kinds().get(name, ("functions", ""))[0]
-    if kind == "classes":
-        return type(name, (), {"__init__": refuse, "__doc__": f"Placeholder: {advice}",
-                               "__module__": "torchbay.compat.library_names"})
-    refuse.__name__ = refuse.__qualname__ = name
-    refuse.__doc__ = f"Placeholder: {advice}"
-    return refuse
+    kind = "class" if _plugin_kinds().get(name, ("functions", ""))[0] == "classes" else "function"
+    return surface.placeholder("torchbay.compat.library_names", name, kind, advice,
+                               f"{name} is not available on torchbay here: {advice}")
 
 
 def resolve(name: str, missing: Any) -> Any:

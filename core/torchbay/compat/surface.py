@@ -56,9 +56,10 @@ class _Placeholder:
 
 
 @functools.lru_cache(maxsize=None)
-def placeholder(module: str, name: str, kind: str, reason: str) -> Any:
-    """A class (which cannot be built), a function (which cannot be called) or an object named ``name``."""
-    said = f"{module}.{name} is not available on torchbay: {reason}"
+def placeholder(module: str, name: str, kind: str, reason: str, said: str = "") -> Any:
+    """A class (which cannot be built), a function (which cannot be called) or an object named ``name``; its use
+    raises ``said`` (by default: ``<module>.<name> is not available on torchbay: <reason>``)."""
+    said = said or f"{module}.{name} is not available on torchbay: {reason}"
 
     def refuse(*args: Any, **kwargs: Any):
         raise UnsupportedAPIError(said)
