@@ -296,3 +296,31 @@ def test_accelerates_file_name_constants_are_served_with_accelerates_values():
              if n.endswith("_NAME")]
     assert len(names) == 14
     assert {n: getattr(torchbay.utils, n) for n in names} == {n: getattr(real, n) for n in names}
+
+
+TRACKER_LAYOUT = """
+    import json, os, sys, tempfile
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    try:
+        Accelerator(log_with="tensorboard")
+        error = None
+    except ValueError as exc:
+        error = str(exc)
+    AcceleratorState._reset_state(True)
+    with tempfile.TemporaryDirectory() as project:
+        accelerator = Accelerator(log_with="tensorboard", project_dir=project)
+        accelerator.init_trackers("run1")
+        accelerator.log({"loss": 0.5}, step=0)
+        accelerator.end_training()
+        dirs = sorted(os.path.relpath(root, project) for root, _, files in os.walk(project) if files)
+    print(json.dumps({"error": error, "dirs": dirs}))
+"""
+
+
+def test_under_the_switch_trackers_write_where_accelerates_do():
+    pytest.importorskip("tensorboard", reason="the tensorboard library writes the events")
+    ours, theirs = _python(TRACKER_LAYOUT, switch=True), _python(TRACKER_LAYOUT, switch=False)
+    assert ours["dirs"] == theirs["dirs"] == ["run1"]  # <project_dir>/<run>, not torchbay's logs/tensorboard/<run>
+    assert "Logging with `tensorboard` requires a `logging_dir`" in theirs["error"]
+    assert "Logging with `tensorboard` requires a `logging_dir`" in ours["error"]

@@ -18,6 +18,7 @@ import sys
 import pytest
 import torch
 
+import torchbay.utils
 from torchbay import Accelerator
 from torchbay.compile.compiler import (
     DynamoBackend,
@@ -117,14 +118,20 @@ def test_the_utils_names_are_torchbays():
 # --- what is compiled ------------------------------------------------------------------------------
 
 
-def test_regional_compilation_compiles_each_repeated_block_in_place():
+def test_regional_compilation_returns_a_twin_with_each_repeated_block_compiled_as_accelerate_does():
     net = _worker().Net()
     blocks = repeated_blocks(net)
     assert blocks == list(net.blocks)
     assert not has_compiled_regions(net)
-    assert compile_regions(net, backend="aot_eager") is net  # in place: the same module, the same names
-    assert has_compiled_regions(net) and all(is_compiled(b) for b in net.blocks) and not is_compiled(net.head)
-    assert not any(k.startswith("_orig_mod") or "._orig_mod" in k for k in net.state_dict())
+    twin = compile_regions(net, backend="aot_eager")
+    assert twin is not net and type(twin) is type(net) and not has_compiled_regions(net)  # the user's model unchanged
+    optimized = torch._dynamo.eval_frame.OptimizedModule
+    assert has_compiled_regions(twin) and all(isinstance(b, optimized) for b in twin.blocks)
+    assert [b._orig_mod for b in twin.blocks] == list(net.blocks) and is_compiled(twin.head)  # leaves outside: whole
+    assert twin.blocks[0]._orig_mod.linear.weight is net.blocks[0].linear.weight  # parameters shared
+    assert torchbay.utils.extract_model_from_parallel(twin, keep_torch_compile=False) is net
+    x = torch.randn(2, net.embed.in_features)
+    torch.testing.assert_close(twin(x), net(x))
     # a module built of torch's own classes compiles too (Module.compile alone leaves nn.Sequential eager)
     seq = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
     graphs = []
@@ -133,8 +140,7 @@ def test_regional_compilation_compiles_each_repeated_block_in_place():
         graphs.append(gm)
         return gm.forward
 
-    compile_regions(seq, backend=counting)
-    seq(torch.randn(2, 4))
+    compile_regions(seq, backend=counting)(torch.randn(2, 4))
     assert len(graphs) == 1
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchbay.tracking.registry import accelerate_logging_dir, takes_settings
+from torchbay.tracking.registry import accelerate_logging_dir, follows_accelerate_layout
 from torchbay.tracking.trackers import (
     GeneralTracker,
     TrackerError,
@@ -99,10 +99,10 @@ class Tracking:
 
     def _tracker_dir(self, cls: type[GeneralTracker], settings: Any) -> Any:
         """Where a tracker class writes: torchbay's own trackers in ``<logs>/<name>``; a class following
-        Accelerate's convention (no ``settings``) in Accelerate's logging directory (tracking/registry.py)."""
-        if takes_settings(cls):
-            return cls.logging_dir_for(logging_base(self.config), settings)
-        return accelerate_logging_dir(self.context)
+        Accelerate's convention, or any under the switch, in Accelerate's logging directory (tracking/trackers.py)."""
+        if follows_accelerate_layout(cls):
+            return accelerate_logging_dir(self.context)
+        return cls.logging_dir_for(logging_base(self.config), settings)
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict] | None = None) -> None:
         """Log ``values`` at ``step`` (default: the step after the last one logged) to every tracker.

@@ -284,12 +284,33 @@ def dynamo_arguments(dynamo_backend: Any, dynamo_plugin: Any) -> dict[str, Any]:
 
 
 def compile_regions(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
-    """Accelerate's regional compilation: each repeated block of ``module`` compiled (the whole
-    module when it has none). Unlike Accelerate's, in place: the same module comes back."""
-    for block in repeated_blocks(module) or [module]:
-        if not is_compiled(block):
-            compile_in_place(block, **compile_kwargs)
-    return module
+    """Accelerate's regional compilation: a twin of ``module`` whose repeated blocks are each wrapped by
+    ``torch.compile`` (so that one compiled graph serves them all) and whose parts outside them are compiled
+    whole; a module without repeated blocks is compiled whole.
+
+    ``module`` is left as it was: the twin is a new object of the same class sharing its parameters and
+    buffers, its methods bound to ``module`` rebound to the twin, and it keeps ``module`` as ``_orig_mod``
+    (``unwrap_model`` returns it). ``prepare`` compiles in place instead (:class:`ModelCompiler`).
+    """
+    twin = _regional_twin(module, compile_kwargs)
+    twin.__dict__.setdefault("_orig_mod", module)
+    return twin
+
+
+def _regional_twin(module: torch.nn.Module, compile_kwargs: dict[str, Any]) -> torch.nn.Module:
+    if is_repeated_blocks(module):
+        return torch.nn.ModuleList(torch.compile(block, **compile_kwargs) for block in module)
+    if not repeated_blocks(module):
+        return torch.compile(module, **compile_kwargs)
+    twin = module.__class__.__new__(module.__class__)
+    twin.__dict__.update(module.__dict__)
+    for name, value in module.__dict__.items():  # a forward patched onto the instance runs on the twin
+        if getattr(value, "__self__", None) is module and hasattr(value, "__func__"):
+            twin.__dict__[name] = types.MethodType(value.__func__, twin)
+    twin._modules = {}
+    for name, child in module._modules.items():
+        twin._modules[name] = None if child is None else _regional_twin(child, compile_kwargs)
+    return twin
 
 
 def has_compiled_regions(module: torch.nn.Module) -> bool:

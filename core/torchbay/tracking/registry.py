@@ -26,6 +26,7 @@ from torchbay.tracking.trackers import (  # noqa: F401 (Accelerate-convention he
     TrackerError,
     accelerate_logging_dir,
     convention_problems,
+    follows_accelerate_layout,
     takes_settings,
 )
 

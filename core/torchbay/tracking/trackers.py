@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from torchbay.compat.finder import installed_finder
 from torchbay.errors import TorchbayError
 from torchbay.plugin.lazy_class import loaded
 from torchbay.plugin.manager import get_plugin_manager
@@ -74,6 +75,9 @@ class GeneralTracker:
     requires_logging_directory: bool = False
     #: run only on the main process (Accelerate's attribute)
     main_process_only: bool = True
+    #: while torchbay answers ``import accelerate``, write in Accelerate's ``<logging_dir>/<run>`` (and require
+    #: a logging directory) as Accelerate's tracker of the same name does, instead of ``<logs>/<name>/<run>``
+    accelerate_layout: bool = False
     #: import name of the tracking library (checked cheaply, never imported); ``None``: none needed
     library: str | None = None
 
@@ -344,6 +348,16 @@ def takes_settings(cls: type) -> bool:
         return False
 
 
+def follows_accelerate_layout(cls: type) -> bool:
+    """Whether ``cls`` writes where Accelerate's trackers write (``<logging_dir>/<run>``, a logging directory
+    required) rather than in torchbay's ``<logs>/<name>/<run>``: a class written to Accelerate's convention, and
+    one whose ``accelerate_layout`` says so while torchbay answers ``import accelerate`` (code written for
+    Accelerate finds its logs where Accelerate put them)."""
+    if not takes_settings(cls):
+        return True
+    return getattr(cls, "accelerate_layout", False) and installed_finder() is not None
+
+
 def accelerate_logging_dir(context: Any) -> str | None:
     """Accelerate's logging directory for this run: the first of :data:`LOGGING_DIR_SETTINGS` that was set."""
     sources = context.resolved.sources
@@ -362,4 +376,4 @@ def convention_problems(classes: list[type], context: Any) -> list[str]:
         return []
     return [f"Logging with `{cls.name}` requires a `logging_dir`: set project_dir (Accelerator(project_dir=...)) or "
             f"tracking.logging_dir" for cls in classes
-            if getattr(cls, "requires_logging_directory", False) and not takes_settings(cls)]
+            if getattr(cls, "requires_logging_directory", False) and follows_accelerate_layout(cls)]

@@ -14,6 +14,13 @@ from torchbay.testing.tracking_run import CONFIG, expected_values
 pytest.importorskip("dvclive")
 
 
+def _number_or_text(cell):
+    try:
+        return float(cell)
+    except ValueError:
+        return cell
+
+
 def read(run_dir):
     from dvclive.serialize import load_yaml
     from dvclive.utils import parse_tsv
@@ -22,7 +29,7 @@ def read(run_dir):
     for tsv in sorted((run_dir / "plots" / "metrics").rglob("*.tsv")):
         name = tsv.relative_to(run_dir / "plots" / "metrics").with_suffix("").as_posix()
         leaf = name.rsplit("/", 1)[-1]
-        metrics[name] = [(int(row["step"]), float(row[leaf])) for row in parse_tsv(str(tsv))]
+        metrics[name] = [(int(row["step"]), _number_or_text(row[leaf])) for row in parse_tsv(str(tsv))]
     return metrics, load_yaml(str(run_dir / "params.yaml"))
 
 
@@ -33,22 +40,24 @@ def test_metrics_params_and_end_training_writes_the_summary(tmp_path, monkeypatc
     for step in range(3):
         values = expected_values(step)
         acc.log({"loss": torch.tensor(values["loss"]), "acc": values["acc"], "nested": {"count": step},
-                 "note": f"step {step}"})
+                 "note": f"step {step}", "tags": ["a", step]})
     tracker = acc.get_tracker("dvclive")
     assert tracker.tracker is acc.get_tracker("dvclive", unwrap=True) is not None
     acc.end_training()
     assert tracker._ended and acc.trackers == [tracker]  # Live.end() called; kept to read back, as in Accelerate
     run_dir = tmp_path / "logs" / "dvclive" / "proj"
     metrics, params = read(run_dir)
+    note = metrics.pop("note")  # a string is a DVCLive metric, as under Accelerate
     assert metrics == {name: [(s, expected_values(s)[name]) for s in range(3)]
                        for name in ("acc", "loss", "nested/count")}
+    assert note == [(s, f"step {s}") for s in range(3)]
     # numpy ints and tensors converted (DVCLive cannot store a numpy int), nesting kept
     assert params == {"lr": 0.1, "model": {"width": 4, "depth": 2}, "seed": 7, "name": "tiny"}
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["loss"] == 2.0 and summary["nested"]["count"] == 2 and summary["step"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]  # nothing outside its dir
-    assert (run_dir / "text" / "note.tsv").read_text().splitlines() == ["step\tvalue", '0\t"step 0"', '1\t"step 1"',
-                                                                       '2\t"step 2"']
+    assert (run_dir / "text" / "tags.tsv").read_text().splitlines() == ["step\tvalue", '0\t["a", 0]', '1\t["a", 1]',
+                                                                       '2\t["a", 2]']  # DVCLive refuses a list
 
 
 def test_two_processes_with_jsonl_and_resume(launches, tmp_path):

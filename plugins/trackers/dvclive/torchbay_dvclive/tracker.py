@@ -2,8 +2,9 @@
 
 The init config is ``params.yaml`` (nested as given, numpy and tensor values converted:
 DVCLive itself cannot store a numpy int). Numbers are metrics at the step (nested names joined
-with ``/``: ``plots/metrics/eval/loss.tsv``), ``metrics.json`` holds the latest. DVCLive
-stores numbers only; other values go to ``text/<name>.tsv`` (step, JSON text) next to them.
+with ``/``: ``plots/metrics/eval/loss.tsv``), ``metrics.json`` holds the latest. Strings are
+metrics too, as DVCLive (and Accelerate's tracker) stores them; other values (lists, ``None``...),
+which DVCLive refuses, go to ``text/<name>.tsv`` (step, JSON text) next to them.
 A resumed run (the same directory) goes on appending, as DVCLive's ``resume=True`` does.
 
 DVCLive's public ``Live`` is used as it is. Like every ``Live()`` (also under Accelerate), it runs
@@ -87,6 +88,9 @@ class DVCLiveTracker(GeneralTracker):
         for name, value in numbers.items():
             self.live.log_metric(name, value, **kwargs)
         for name, value in others.items():
+            if isinstance(value, str):
+                self.live.log_metric(name, value, **kwargs)
+                continue
             path = self.dir / "text" / f"{name}.tsv"
             path.parent.mkdir(parents=True, exist_ok=True)
             new = not path.exists()

@@ -21,6 +21,7 @@ class TensorBoardTracker(GeneralTracker):
     name = "tensorboard"
     library = "tensorboard"
     requires_logging_directory = True
+    accelerate_layout = True  # under the switch: <logging_dir>/<run>, as Accelerate's TensorBoardTracker
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, settings: Any = None,
                  **kwargs: Any):
