@@ -12,7 +12,8 @@ import torch
 
 import torchbay
 import torchbay.utils as tb_utils
-from torchbay.errors import TorchbayError
+from torchbay.errors import ConfigError, TorchbayError
+from torchbay.state import AcceleratorState as TbState
 
 accelerate = pytest.importorskip("accelerate", reason="Accelerate (a dev dependency) is the reference")
 import accelerate.logging as acc_logging  # noqa: E402
@@ -239,3 +240,25 @@ def test_dynamo_plugin_to_kwargs_gives_what_differs_from_the_defaults(given, mon
     for key in [k for k in os.environ if k.startswith("ACCELERATE_DYNAMO_")]:
         monkeypatch.delenv(key)
     assert tb_utils.TorchDynamoPlugin(**given).to_kwargs() == acc_utils.TorchDynamoPlugin(**given).to_kwargs()
+
+
+@pytest.mark.parametrize("wanted", ["cpu:3", "cpu"])
+def test_accelerate_torch_device_names_the_device_as_on_accelerate(monkeypatch, wanted):
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", wanted)
+    AccState._reset_state(True)
+    theirs = str(accelerate.Accelerator().state.device)
+    AccState._reset_state(True)
+    TbState._reset_state(True)
+    try:
+        ours = torchbay.Accelerator()
+        assert str(ours.state.device) == str(ours.device) == theirs == wanted
+    finally:
+        TbState._reset_state(True)
+
+
+def test_accelerate_torch_device_of_another_type_than_the_run_says_how_to_fix(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "meta:0")
+    TbState._reset_state(True)
+    with pytest.raises(ConfigError, match="ACCELERATE_TORCH_DEVICE='meta:0' names a meta device"):
+        torchbay.Accelerator(cpu=True)
+    TbState._reset_state(True)

@@ -43,7 +43,13 @@ from torchbay.plugin.manager import get_plugin_manager
 from torchbay.plugin.selection import build_context
 from torchbay.process import running
 from torchbay.process.seeding import set_seed
-from torchbay.process.state import AcceleratorState, DistributedType, PartialState, distributed_type_for
+from torchbay.process.state import (
+    AcceleratorState,
+    DistributedType,
+    PartialState,
+    distributed_type_for,
+    start_device_backend,
+)
 
 #: what ``accumulate`` returns on a micro-batch that syncs (a nullcontext can be entered again and again)
 _SYNC_STEP = contextlib.nullcontext()
@@ -111,9 +117,7 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
         self.context.plugin_objects = plugin_objects(accelerate_args)
         self.config = resolved.config
 
-        self.device_backend = self.context.device_backend_cls(self.context.cluster.local_rank())
-        self.context.device_backend = self.device_backend
-        self.device_backend.set_current()
+        self.device_backend = self.context.device_backend = start_device_backend(self.context)
         self.strategy = self.context.strategy_cls(self.context)
         # decided once: whether accumulating micro-batches must enter the strategy's no_sync at all
         self._strategy_defers_sync = type(self.strategy).no_sync is not Strategy.no_sync

@@ -23,7 +23,7 @@ import torch
 
 from torchbay.config.files import read_packaged_yaml
 from torchbay.config.resolve import resolve_config
-from torchbay.errors import TorchbayError
+from torchbay.errors import ConfigError, TorchbayError
 from torchbay.plugin.manager import get_plugin_manager
 from torchbay.plugin.selection import build_context
 from torchbay.process import running
@@ -68,6 +68,30 @@ class StateResetError(TorchbayError, AttributeError):
     """A state was read after ``_reset_state()`` and before a new ``Accelerator``/``PartialState``."""
 
 
+#: Accelerate's variable naming one process's device (``cuda:1``, ``cpu``), read as its PartialState reads it
+TORCH_DEVICE_ENV = "ACCELERATE_TORCH_DEVICE"
+
+
+def start_device_backend(context: Any) -> Any:
+    """The selected device backend for this process, made current: on the device of its local rank, or on the one
+    ``ACCELERATE_TORCH_DEVICE`` names (its type must be the run's device type)."""
+    backend = context.device_backend_cls(context.cluster.local_rank())
+    wanted = os.environ.get(TORCH_DEVICE_ENV)
+    if wanted:
+        try:
+            device = torch.device(wanted)
+        except RuntimeError as exc:
+            raise ConfigError(f"{TORCH_DEVICE_ENV}={wanted!r} is not a torch device ({exc}); unset it or give "
+                              f"one such as 'cuda:1'") from None
+        if device.type != backend.device.type:
+            raise ConfigError(f"{TORCH_DEVICE_ENV}={wanted!r} names a {device.type} device, but this run's device is "
+                              f"'{backend.name}' ({backend.device.type}): set device: {device.type} in the config, "
+                              f"or unset {TORCH_DEVICE_ENV}")
+        backend.device, backend.index = device, device.index or 0
+    backend.set_current()
+    return backend
+
+
 class PartialState(ProcessQueries):
     """Process index, device and process group, shared by every instance in the process.
 
@@ -92,8 +116,7 @@ class PartialState(ProcessQueries):
             args["process_group_timeout_s"] = kwargs["timeout"].total_seconds()
         pm = get_plugin_manager()
         context = build_context(resolve_config(args=args, pm=pm), pm)
-        backend = context.device_backend = context.device_backend_cls(context.cluster.local_rank())
-        backend.set_current()
+        backend = context.device_backend = start_device_backend(context)
         strategy = context.strategy = context.strategy_cls(context)
         strategy.setup_environment(timeout_s=context.config.process_group_timeout_s)
         running.register_process_group_owner(strategy)
