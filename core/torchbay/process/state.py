@@ -68,7 +68,7 @@ class StateResetError(TorchbayError, AttributeError):
     """A state was read after ``_reset_state()`` and before a new ``Accelerator``/``PartialState``."""
 
 
-#: Accelerate's variable naming one process's device (``cuda:1``, ``cpu``), read as its PartialState reads it
+#: Accelerate's variable naming one process's device (``<type>:<index>``), read as its PartialState reads it
 TORCH_DEVICE_ENV = "ACCELERATE_TORCH_DEVICE"
 
 
@@ -82,7 +82,7 @@ def start_device_backend(context: Any) -> Any:
             device = torch.device(wanted)
         except RuntimeError as exc:
             raise ConfigError(f"{TORCH_DEVICE_ENV}={wanted!r} is not a torch device ({exc}); unset it or give "
-                              f"one such as 'cuda:1'") from None
+                              f"one such as '<type>:<index>'") from None
         if device.type != backend.device.type:
             raise ConfigError(f"{TORCH_DEVICE_ENV}={wanted!r} names a {device.type} device, but this run's device is "
                               f"'{backend.name}' ({backend.device.type}): set device: {device.type} in the config, "
@@ -116,7 +116,7 @@ class PartialState(ProcessQueries):
             args["process_group_timeout_s"] = kwargs["timeout"].total_seconds()
         pm = get_plugin_manager()
         context = build_context(resolve_config(args=args, pm=pm), pm)
-        backend = context.device_backend = start_device_backend(context)
+        context.device_backend = start_device_backend(context)
         strategy = context.strategy = context.strategy_cls(context)
         strategy.setup_environment(timeout_s=context.config.process_group_timeout_s)
         running.register_process_group_owner(strategy)
