@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import gc
-import weakref
 from typing import Any, Iterable
 
 import torch
@@ -42,14 +41,9 @@ from torchbay.errors import ConfigError
 from torchbay.plugin.manager import get_plugin_manager
 from torchbay.plugin.selection import build_context
 from torchbay.process import running
+from torchbay.process.current import describe, start_device_backend
 from torchbay.process.seeding import set_seed
-from torchbay.process.state import (
-    AcceleratorState,
-    DistributedType,
-    PartialState,
-    distributed_type_for,
-    start_device_backend,
-)
+from torchbay.process.state import AcceleratorState, DistributedType, adopt_run, distributed_type_for
 
 #: what ``accumulate`` returns on a micro-batch that syncs (a nullcontext can be entered again and again)
 _SYNC_STEP = contextlib.nullcontext()
@@ -145,13 +139,11 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
 
     def _adopt_state(self) -> None:
         """Make the process-wide ``AcceleratorState`` describe this accelerator (the latest one wins)."""
-        PartialState._adopt(PartialState.__new__(PartialState), self.strategy, cpu=self.device_backend.name == "cpu",
-                            mixed_precision=self.config.mixed_precision)
-        PartialState._shared_state["distributed_type"] = self._distributed_type
-        # weak: the process state must not keep a dropped accelerator's gradient state (and its loaders) alive
-        PartialState._shared_state["_gradient_state"] = weakref.ref(self.gradient_state)
-        self.state = AcceleratorState.__new__(AcceleratorState)
-        self.state.__dict__ = PartialState._shared_state
+        run = describe(self.strategy, cpu=self.device_backend.name == "cpu",
+                       mixed_precision=self.config.mixed_precision, distributed_type=self._distributed_type)
+        run.hold_gradient_state(self.gradient_state)
+        adopt_run(run)
+        self.state = AcceleratorState()
 
     @staticmethod
     def _sort_handlers(handlers: Iterable[Any]) -> dict[type, Any]:

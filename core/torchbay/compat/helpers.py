@@ -22,6 +22,7 @@ import torch
 
 from torchbay.data.operations import find_batch_size, recursively_apply
 from torchbay.errors import ConfigError, TorchbayError
+from torchbay.process.current import current, peek
 from torchbay.process.state import AcceleratorState, PartialState
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,8 @@ def check_os_kernel() -> None:
     found = re.search(r"(\d+)\.(\d+)\.(\d+)", info.release) if info.system == "Linux" else None
     if found is None or tuple(map(int, found.groups())) >= _MIN_KERNEL:
         return
-    if PartialState._shared_state and not PartialState().is_main_process:
+    run = peek()
+    if run is not None and not run.is_main_process:
         return
     logger.warning(f"Detected kernel version {found.group(0)}, which is below the recommended minimum of "
                    f"{'.'.join(map(str, _MIN_KERNEL))}; this can cause the process to hang. Upgrade the kernel "
@@ -156,8 +158,9 @@ def release_memory(*objects: Any) -> list[None]:
     objects = [None] * len(objects)
     gc.collect()
 
-    if PartialState._shared_state.get("_strategy") is not None:
-        PartialState._shared_state["_strategy"].device_backend.empty_cache()
+    run = peek()
+    if run is not None:
+        run.strategy.device_backend.empty_cache()
     return objects
 
 
@@ -322,7 +325,7 @@ def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
 
 
 def _current_backend():
-    return PartialState()._strategy.device_backend
+    return current().strategy.device_backend
 
 
 def get_current_device_type() -> str:

@@ -20,7 +20,7 @@ from torchbay.compat.finder import LIBRARY_NAMES
 from torchbay.compat.helpers import _is_out_of_memory
 from torchbay.config.files import read_packaged_yaml
 from torchbay.errors import UnsupportedAPIError
-from torchbay.process.state import PartialState
+from torchbay.process.current import peek
 
 
 @functools.lru_cache(maxsize=1)
@@ -81,7 +81,8 @@ def clear_device_cache(garbage_collection: bool = False) -> None:
     if garbage_collection:
         gc.collect()
 
-    strategy = PartialState._shared_state.get("_strategy")
+    run = peek()
+    strategy = run.strategy if run is not None else None
     if strategy is not None:
         strategy.device_backend.empty_cache()
     elif torch.accelerator.is_available():

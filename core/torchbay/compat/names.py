@@ -28,7 +28,8 @@ import torch
 from torchbay.compat import library_names
 from torchbay.errors import UnsupportedAPIError  # noqa: F401 (its old path, still served)
 from torchbay.plugin.manager import get_plugin_manager
-from torchbay.process.state import PartialState, accelerate_api_table
+from torchbay.process.current import peek
+from torchbay.process.state import accelerate_api_table
 
 MISSING = object()
 
@@ -75,9 +76,9 @@ def _device_available(device: str) -> bool:
 
 
 def _current_device_cls():
-    shared = PartialState._shared_state
-    if shared.get("_strategy") is not None:
-        return type(shared["_strategy"].device_backend)
+    run = peek()
+    if run is not None:
+        return type(run.strategy.device_backend)
     available = [c for c in _registries()["devices"].values() if c.is_available()]
     return max(available, key=lambda c: c.priority) if available else None
 

@@ -18,6 +18,7 @@ import torch
 from torchbay.data.loader import PreparedDataLoader
 from torchbay.data.operations import find_batch_size
 from torchbay.errors import ConfigError
+from torchbay.process.current import current
 
 
 class DataLoaderDispatcher(PreparedDataLoader):
@@ -26,12 +27,10 @@ class DataLoaderDispatcher(PreparedDataLoader):
     def __init__(self, dataset, split_batches: bool = False, skip_batches: int = 0,
                  use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
                  slice_fn=None, torch_device_mesh=None, iteration: int = 0, **kwargs):
-        from torchbay.process.state import PartialState
-
         super().__init__(dataset, skip_batches=skip_batches, use_stateful_dataloader=use_stateful_dataloader,
                          _drop_last=_drop_last, _non_blocking=_non_blocking, torch_device_mesh=torch_device_mesh,
                          iteration=iteration, **kwargs)
-        state = PartialState()
+        state = current()
         self.split_batches = split_batches
         self.slice_fn = slice_fn if slice_fn is not None else _slice_fn
         self.num_processes, self.process_index = state.num_processes, state.process_index

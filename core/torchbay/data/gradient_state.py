@@ -6,7 +6,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from torchbay.process.state import PartialState
+from torchbay.process.current import peek
 
 
 class GradientState:
@@ -19,10 +19,10 @@ class GradientState:
 
     def __new__(cls, accumulation_steps: Any = None, sync_each_batch: bool = False, sync_with_dataloader: bool = True):
         if accumulation_steps is None:  # Accelerate's GradientState(): the latest Accelerator's
-            current = PartialState._shared_state.get("_gradient_state")
-            current = current() if isinstance(current, weakref.ref) else current
-            if isinstance(current, cls):
-                return current
+            run = peek()
+            latest = run.gradient_state if run is not None else None
+            if isinstance(latest, cls):
+                return latest
         return super().__new__(cls)
 
     def __init__(self, accumulation_steps: Any = None, sync_each_batch: bool = False,

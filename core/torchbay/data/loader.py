@@ -27,6 +27,7 @@ from torchbay.data.sharding import (  # noqa: F401 (Accelerate's names, served f
     ShardedBatchSampler,
     SkipBatchSampler,
 )
+from torchbay.process.current import current
 
 #: arguments that decide which indices a loader reads: a prepared loader rebuilds them
 _INDEX_ARGS = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
@@ -86,9 +87,7 @@ class PreparedDataLoader(DataLoader, DataLoaderStateMixin):
     @property
     def strategy(self):
         if self._strategy is None:
-            from torchbay.process.state import PartialState
-
-            return PartialState()._strategy
+            return current().strategy
         return self._strategy
 
     @property

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from torchbay.errors import TorchbayError
-from torchbay.process.state import PartialState
+from torchbay.process.current import current
 
 
 class DistributedOperationException(TorchbayError):
@@ -78,11 +78,11 @@ def send_to_device(tensor: Any, device: Any, non_blocking: bool = False, skip_ke
 
 
 def _strategy():
-    return PartialState()._strategy
+    return current().strategy
 
 
 def _debug() -> bool:
-    return bool(PartialState().debug)
+    return bool(current().debug)
 
 
 def get_shape(data: Any) -> Any:

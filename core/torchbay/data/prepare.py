@@ -18,6 +18,7 @@ from torchbay.data.dispatch import DataLoaderDispatcher
 from torchbay.data.loader import DataLoaderShard, PreparedDataLoader, SkipDataLoader, SkipFirstBatches, get_sampler
 from torchbay.data.sharding import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler
 from torchbay.errors import ConfigError
+from torchbay.process.current import current
 
 #: DataLoader arguments a prepared loader takes over from the user's loader
 _LOADER_ARGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
@@ -63,14 +64,11 @@ def prepare_data_loader(dataloader: DataLoader, device: Any = None, num_processe
                         data_seed: int | None = None, non_blocking: bool = False,
                         use_stateful_dataloader: bool = False, torch_device_mesh: Any = None) -> PreparedDataLoader:
     """This process's share of ``dataloader`` (Accelerate's free function; the process state gives the defaults)."""
-    from torchbay.process.state import PartialState
-
     if dispatch_batches is None:
         dispatch_batches = put_on_device and isinstance(dataloader.dataset, IterableDataset)
     if dispatch_batches and not put_on_device:
         raise ConfigError("prepare_data_loader(dispatch_batches=True) needs put_on_device=True")
-    state = PartialState()
-    strategy = state._strategy
+    strategy = current().strategy
     num_processes = strategy.data_parallel_size if num_processes is None else num_processes
     process_index = strategy.data_parallel_rank if process_index is None else process_index
     if torch_device_mesh is not None:

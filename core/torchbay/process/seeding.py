@@ -12,7 +12,7 @@ import torch
 
 from torchbay.errors import TorchbayError
 from torchbay.process import running
-from torchbay.process.state import PartialState
+from torchbay.process.current import current
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
@@ -34,8 +34,7 @@ def synchronize_rng_state(rng_type: Any = None, generator: torch.Generator | Non
     ``rng_type``: ``"torch"`` (the CPU generator), ``"generator"`` (``generator``), or a device
     name (that device's default generators, through its device plugin).
     """
-    state = PartialState()
-    strategy = state._strategy
+    strategy = current().strategy
     kind = getattr(rng_type, "value", rng_type) or "torch"
     if strategy.world_size <= 1:
         return

@@ -30,7 +30,7 @@ from torchbay.plugin.manager import get_plugin_manager
 from torchbay.plugin.published import TRACKER
 from torchbay.plugin.published import install_hint as hint
 from torchbay.plugin.selection import check_selected
-from torchbay.process.state import PartialState
+from torchbay.process.current import peek
 from torchbay.tracking.values import flatten, hparam_value, is_number, split_scalars, to_python  # noqa: F401 (re-exported)
 
 log = logging.getLogger("torchbay")
@@ -160,9 +160,9 @@ def on_main_process(function):
 
 
 def _is_main_process() -> bool:
-    state = PartialState._shared_state
-    if "process_index" in state:
-        return state["process_index"] == 0
+    run = peek()
+    if run is not None:
+        return run.is_main_process
     return int(os.environ.get("RANK", "0")) == 0
 
 
