@@ -196,7 +196,7 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
     @sync_gradients.setter
     def sync_gradients(self, value: bool) -> None:
         """As Accelerate's: force (or stop) synchronising gradients on the next steps."""
-        self.gradient_state._set_sync_gradients(value)
+        self.gradient_state.set_sync_gradients(value)
 
     @property
     def optimizer_step_was_skipped(self) -> bool:

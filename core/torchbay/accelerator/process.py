@@ -55,7 +55,7 @@ class ProcessControl(ProcessQueries):
 
     # -- collectives -------------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:
-        return operations._gather(self.strategy, tensor)
+        return operations.gather_with(self.strategy, tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gather, dropping the samples repeated to even out the last round of batches.
@@ -94,10 +94,10 @@ class ProcessControl(ProcessQueries):
         return cached
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        return operations._reduce(self.strategy, tensor, reduction, scale)
+        return operations.reduce_with(self.strategy, tensor, reduction, scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        return operations._pad_across_processes(self.strategy, tensor, dim, pad_index, pad_first)
+        return operations.pad_across_processes_with(self.strategy, tensor, dim, pad_index, pad_first)
 
     def wait_for_everyone(self) -> None:
         self.strategy.barrier()

@@ -96,7 +96,7 @@ class StateSaving:
         if not hooks:
             return str(checkpointer.load(input_dir))
         checkpointer.finish_pending()
-        directory = checkpointer._main_only("load_state", lambda: checkpointer.target_for_load(input_dir))
+        directory = checkpointer.main_only("load_state", lambda: checkpointer.target_for_load(input_dir))
         models = list(self._models)
         for hook in hooks:
             hook(models, str(directory))

@@ -137,7 +137,7 @@ class BackgroundSaving:
                 records_per_rank = self.on_every_rank("save_state", written, cleanup=handle.discard_unpublished,
                                                       share=True)
                 manifest = handle.manifest if self.run.is_main_process else None
-                self._main_only("save_state", lambda: self._publish(handle.path, partial, records_per_rank, manifest),
+                self.main_only("save_state", lambda: self._publish(handle.path, partial, records_per_rank, manifest),
                                 cleanup=handle.discard_unpublished)
                 handle.mark_published()
                 handle.error = None

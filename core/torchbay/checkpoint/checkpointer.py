@@ -103,7 +103,7 @@ class StateCheckpointer(BackgroundSaving, StateRestore, CheckpointIOChoice, Save
             raise CheckpointError(f"{what} failed{where}: {' | '.join(messages)}") from error
         return [r for r, _ in gathered] if share else result
 
-    def _main_only(self, what: str, fn: Callable[[], Any], cleanup: Callable[[], None] | None = None) -> Any:
+    def main_only(self, what: str, fn: Callable[[], Any], cleanup: Callable[[], None] | None = None) -> Any:
         """``fn`` on the main process; its result (or its error) reaches every rank."""
         results = self.on_every_rank(what, lambda: fn() if self.run.is_main_process else None, cleanup, share=True)
         return results[0]
@@ -180,7 +180,7 @@ class StateCheckpointer(BackgroundSaving, StateRestore, CheckpointIOChoice, Save
             ckdir.begin_partial(final)
             return final
 
-        final = self._main_only("save_state", open_target)
+        final = self.main_only("save_state", open_target)
         partial, _ = ckdir.siblings(final)
 
         def discard() -> None:
@@ -197,7 +197,7 @@ class StateCheckpointer(BackgroundSaving, StateRestore, CheckpointIOChoice, Save
 
         with self.only_models(kept):
             records_per_rank = self.on_every_rank("save_state", write, cleanup=discard, share=True)
-            self._main_only("save_state", lambda: self._publish(final, partial, records_per_rank, None),
+            self.main_only("save_state", lambda: self._publish(final, partial, records_per_rank, None),
                             cleanup=discard)
         self._after_publish(final)
         return final if blocking else completed(final)
@@ -318,6 +318,6 @@ class StateCheckpointer(BackgroundSaving, StateRestore, CheckpointIOChoice, Save
     def save_model_files(self, state: dict[str, torch.Tensor], save_directory: str, max_shard_size: str) -> list[str]:
         """Write full weights as Accelerate's save_model does (main process); no manifest beside them."""
         fields = {k: v for k, v in self._manifest("model", {}).items() if k not in ("config", "counts", "files")}
-        return self._main_only("save_model", lambda: publish_model(state, Path(save_directory), max_shard_size,
+        return self.main_only("save_model", lambda: publish_model(state, Path(save_directory), max_shard_size,
                                                                     fields, "save_model")) or []
 

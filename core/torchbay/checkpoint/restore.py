@@ -45,9 +45,9 @@ class StateRestore:
     def load(self, input_dir: str | None = None) -> Path:
         run = self.run
         self.finish_pending()  # a save in flight is published (or has failed) before anything is read
-        directory = self._main_only("load_state", lambda: self.target_for_load(input_dir))
+        directory = self.main_only("load_state", lambda: self.target_for_load(input_dir))
 
-        if self._main_only("load_state", lambda: is_accelerate_state(directory)):  # no manifest: Accelerate's folder
+        if self.main_only("load_state", lambda: is_accelerate_state(directory)):  # no manifest: Accelerate's folder
             load_accelerate_state(self, directory)
             return directory
         manifest = self.on_every_rank("load_state", lambda: self._check(directory))

@@ -34,9 +34,9 @@ class SaveHookSupport:
                          discard: Callable[[], None]) -> tuple[list[str], list[int] | None]:
         """Run ``before_write`` on every rank: (the files it added, read on the main process; the models to save,
         as the main process decided, which alone saves models' weights)."""
-        before = self._main_only("save_state", lambda: _files_in(partial), cleanup=discard)
+        before = self.main_only("save_state", lambda: _files_in(partial), cleanup=discard)
         kept = self.on_every_rank("save_state", lambda: before_write(partial), cleanup=discard, share=True)[0]
-        added = self._main_only("save_state", lambda: sorted(_files_in(partial) - before), cleanup=discard)
+        added = self.main_only("save_state", lambda: sorted(_files_in(partial) - before), cleanup=discard)
         return added, kept
 
     @contextlib.contextmanager

@@ -51,7 +51,7 @@ class DataLoaderDispatcher(PreparedDataLoader):
     def begin(self) -> None:
         """The remainder is only known at the last batch (the dataset may have no length)."""
         self.reset()
-        self.gradient_state._add_dataloader(self)
+        self.gradient_state.add_dataloader(self)
 
     def set_epoch(self, epoch: int) -> None:
         self.iteration = epoch

@@ -45,11 +45,11 @@ class DataLoaderStateMixin:
                 self.remainder = length % self.total_batch_size
             except _UNKNOWN:
                 pass
-        self.gradient_state._add_dataloader(self)
+        self.gradient_state.add_dataloader(self)
 
     def end(self) -> None:
         """End an epoch (finished or abandoned): the gradient state forgets this loader."""
-        self.gradient_state._remove_dataloader(self)
+        self.gradient_state.remove_dataloader(self)
 
 
 def shuffling_sampler(source: Any) -> Any:

@@ -92,10 +92,12 @@ class GradientState:
         return {"num_steps": self.num_steps, "adjust_scheduler": self.adjust_scheduler,
                 "sync_with_dataloader": self.sync_with_dataloader, "sync_each_batch": self.sync_each_batch}
 
-    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+    def set_sync_gradients(self, sync_gradients: bool) -> None:
         """Decide by hand whether this micro-batch synchronises (a loop that accumulates by itself, as
-        transformers' Trainer does, instead of calling ``accumulate``)."""
+        transformers' Trainer does with Accelerate's name ``_set_sync_gradients``, instead of ``accumulate``)."""
         self.sync_gradients = bool(sync_gradients)
+
+    _set_sync_gradients = set_sync_gradients  # Accelerate's name, called by transformers' Trainer
 
     @property
     def active_dataloader(self) -> Any:
@@ -135,10 +137,12 @@ class GradientState:
             self.sync_gradients = self.step % self.accumulation_steps == 0
         return self.sync_gradients
 
-    def _add_dataloader(self, loader) -> None:
-        """A loader starts an epoch: it is the active one until it ends (Accelerate's name)."""
+    def add_dataloader(self, loader) -> None:
+        """A loader starts an epoch: it is the active one until it ends."""
         self._active_loaders.append(weakref.ref(loader))
 
-    def _remove_dataloader(self, loader) -> None:
+    def remove_dataloader(self, loader) -> None:
         """A loader's epoch ended (or was abandoned)."""
         self._active_loaders = [ref for ref in self._active_loaders if ref() is not None and ref() is not loader]
+
+    _add_dataloader, _remove_dataloader = add_dataloader, remove_dataloader  # Accelerate's names

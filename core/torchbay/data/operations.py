@@ -109,12 +109,14 @@ def _verified(function: Callable) -> Callable:
 
 
 # -- forms that take the strategy (used by the Accelerator) ------------------------------
-def _gather(strategy, data: Any) -> Any:
+def gather_with(strategy, data: Any) -> Any:
+    """``gather`` through ``strategy``'s collectives (the Accelerator's; the free function uses the current run's)."""
     # collectives do not carry gradients; a tensor that requires grad is gathered as its data
     return recursively_apply(lambda t: strategy.all_gather(t.detach()), data, error_on_other_type=True)
 
 
-def _reduce(strategy, data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+def reduce_with(strategy, data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    """``reduce`` through ``strategy``'s collectives."""
     if reduction not in ("sum", "mean", "none", "max", "min", "product"):
         raise TorchbayError(f"reduce: reduction must be 'sum', 'mean' or 'none', not {reduction!r}")
 
@@ -125,7 +127,8 @@ def _reduce(strategy, data: Any, reduction: str = "sum", scale: float = 1.0) -> 
     return recursively_apply(one, data, error_on_other_type=True)
 
 
-def _pad_across_processes(strategy, data: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
+def pad_across_processes_with(strategy, data: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
+    """``pad_across_processes`` through ``strategy``'s collectives."""
     def pad(tensor: torch.Tensor) -> torch.Tensor:
         if tensor.is_nested:  # its sizes differ per item: nothing tells which one to pad to
             warnings.warn("pad_across_processes: cannot pad a nested tensor without more information; it is "
@@ -154,7 +157,7 @@ def _pad_across_processes(strategy, data: Any, dim: int = 0, pad_index: Any = 0,
 @_verified
 def gather(tensor: Any) -> Any:
     """Concatenate ``tensor`` (or each tensor of a nested structure) from every process along dim 0."""
-    return _gather(_strategy(), tensor)
+    return gather_with(_strategy(), tensor)
 
 
 def gather_object(object: Any) -> list[Any]:  # noqa: A002 (Accelerate's name)
@@ -181,7 +184,7 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
 @_verified
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """``sum`` or ``mean`` of ``tensor`` over the processes (``none`` returns a copy), times ``scale``."""
-    return _reduce(_strategy(), tensor, reduction, scale)
+    return reduce_with(_strategy(), tensor, reduction, scale)
 
 
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
@@ -193,7 +196,7 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: Any = 0, pad_firs
             raise DistributedOperationException(
                 f"pad_across_processes: the tensors have different numbers of dimensions across processes: {ndims}")
     try:
-        return _pad_across_processes(strategy, tensor, dim, pad_index, pad_first)
+        return pad_across_processes_with(strategy, tensor, dim, pad_index, pad_first)
     except DistributedOperationException:
         raise
     except Exception as exc:

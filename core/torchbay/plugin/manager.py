@@ -380,6 +380,11 @@ def get_plugin_manager() -> PluginManager:
     return _cached
 
 
+def peek_plugin_manager() -> PluginManager | None:
+    """The process-wide manager if one was built (nothing is built here)."""
+    return _cached
+
+
 def reset_plugin_manager(pm: PluginManager | None = None) -> None:
     """Replace (or drop, with ``None``) the process-wide manager; for tests and notebooks."""
     global _cached

@@ -108,7 +108,7 @@ def _plugin_manager(pm):
     if pm is None:
         yield
         return
-    saved = plugins._cached
+    saved = plugins.peek_plugin_manager()
     plugins.reset_plugin_manager(pm)
     try:
         yield

@@ -51,7 +51,7 @@ def check_placement(name: str, pm=None, **_: Any) -> str:
     cls = _device_class(name, pm)
     _require_available(cls)
     budget = _check_capacity(cls)
-    previous = plugins._cached
+    previous = plugins.peek_plugin_manager()
     if pm is not None:
         plugins.reset_plugin_manager(pm)
     try:
