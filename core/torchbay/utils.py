@@ -55,6 +55,7 @@ _EXPORTS = {
     "torchbay.launch.notebook": ["clear_environment", "debug_launcher", "notebook_launcher", "patch_environment"],
     "torchbay.compat.names": ["is_habana_gaudi1"],
     "torchbay.compat.environment": ["purge_accelerate_environment"],
+    "torchbay.compat.bnb_config": ["BnbQuantizationConfig"],
     "torchbay.compat.launch_helpers": ["_convert_nargs_to_dict", "convert_dict_to_env_variables",
                                        "prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env",
                                        "write_basic_config"],

@@ -51,6 +51,9 @@ class DeviceBackend:
     #: whether host memory can be page-locked for this device: an asynchronous save's staging
     #: copy is then pinned (faster, non-blocking copies from the device)
     pinned_staging: ClassVar[bool] = True
+    #: whether the device's memory is the host's (unified memory): big-model placement then keeps
+    #: room for the largest offloaded layer on the device alone, not on the cpu as well
+    shares_host_memory: ClassVar[bool] = False
 
     def __init__(self, local_rank: int = 0):
         self.load_runtime()

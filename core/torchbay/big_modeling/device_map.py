@@ -289,26 +289,6 @@ def device_of(name: str, device_map: dict[str, Any]) -> Any:
     raise KeyError(name)
 
 
-def group_device_map(device_map: dict[str, Any], model: nn.Module) -> dict[str, Any]:
-    """Replace entries by their module wherever every tensor of the module goes to one device."""
-    tensor_device = {name: device_of(name, device_map) for name in all_tensor_names(model)}
-    per_module: dict[str, set] = defaultdict(set)
-    for name, device in tensor_device.items():
-        parts = name.split(".")
-        for i in range(len(parts)):
-            per_module[".".join(parts[:i])].add((type(device).__name__, str(device)))
-    out: dict[str, Any] = {}
-    for name, device in tensor_device.items():
-        parts = name.split(".")
-        key = name
-        for i in range(len(parts)):
-            if len(per_module[".".join(parts[:i])]) == 1:
-                key = ".".join(parts[:i])
-                break
-        out.setdefault(key, device)
-    return out
-
-
 def clean_device_map(device_map: dict[str, Any], module_name: str = "") -> dict[str, Any]:
     """Accelerate's clean-up, in place: the entries under ``module_name`` that all name one device
     become one entry for the module (recursively, children after their parent)."""

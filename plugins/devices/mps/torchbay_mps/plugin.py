@@ -38,6 +38,7 @@ class MPSBackend(DeviceBackend):
     device_type = "mps"
     priority = 50
     multi_process = False
+    shares_host_memory = True  # Apple silicon's unified memory
     install_hint = "MPS needs macOS 12.3 or later on Apple silicon with torch's macOS arm64 wheels"
 
     def __init__(self, local_rank: int = 0):
