@@ -41,9 +41,9 @@ from torchbay.errors import ConfigError
 from torchbay.plugin.manager import get_plugin_manager
 from torchbay.plugin.selection import build_context
 from torchbay.process import running
-from torchbay.process.current import describe, start_device_backend
+from torchbay.process.current import describe, set_current, start_device_backend
 from torchbay.process.seeding import set_seed
-from torchbay.process.state import AcceleratorState, DistributedType, adopt_run, distributed_type_for
+from torchbay.process.state import AcceleratorState, DistributedType, distributed_type_for
 
 #: what ``accumulate`` returns on a micro-batch that syncs (a nullcontext can be entered again and again)
 _SYNC_STEP = contextlib.nullcontext()
@@ -142,7 +142,7 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
         run = describe(self.strategy, cpu=self.device_backend.name == "cpu",
                        mixed_precision=self.config.mixed_precision, distributed_type=self._distributed_type)
         run.hold_gradient_state(self.gradient_state)
-        adopt_run(run)
+        set_current(run)
         self.state = AcceleratorState()
 
     @staticmethod

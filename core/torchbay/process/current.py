@@ -1,10 +1,10 @@
 """The current run of this process: one small typed record, the single home of "which process am I, on which
 device, through which collectives".
 
-The latest ``Accelerator`` sets it when it starts (:func:`describe`, then ``process.state.adopt_run``); without
+The latest ``Accelerator`` sets it when it starts (:func:`describe`, then :func:`set_current`); without
 one, the first service that needs it starts a run from the config (:func:`start_run`), as Accelerate's
 ``PartialState()`` does. Data loading, tracking, seeding and the compat helpers read it with :func:`current` (or
-:func:`peek`, which starts nothing).
+:func:`peek`, which starts nothing). Accelerate's state views follow every change (:func:`watch`).
 ``PartialState`` and ``AcceleratorState`` (``process/state.py``) are Accelerate's views over it: their shared
 dict is filled from it and cleared with it.
 """
@@ -61,11 +61,24 @@ class CurrentRun:
 
 
 _current: CurrentRun | None = None
+#: called with the new run (or ``None``) whenever it changes: Accelerate's state views mirror it
+_watchers: list[Callable[[CurrentRun | None], None]] = []
+
+
+def watch(watcher: Callable[[CurrentRun | None], None]) -> None:
+    _watchers.append(watcher)
+    watcher(_current)
+
+
+def _changed() -> None:
+    for watcher in _watchers:
+        watcher(_current)
 
 
 def set_current(run: CurrentRun) -> CurrentRun:
     global _current
     _current = run
+    _changed()
     return run
 
 
@@ -73,6 +86,7 @@ def clear_current() -> None:
     """Forget the run (its process group stays); the next :func:`current` starts one again."""
     global _current
     _current = None
+    _changed()
 
 
 def peek() -> CurrentRun | None:

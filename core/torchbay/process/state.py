@@ -54,17 +54,15 @@ def _show(run: current.CurrentRun) -> None:
     PartialState._shared_state.update({name: getattr(run, field) for name, field in _RECORD_FIELDS.items()})
 
 
-def adopt_run(run: current.CurrentRun) -> current.CurrentRun:
-    """Make ``run`` (the latest Accelerator's) the current run and what the state views show."""
-    current.set_current(run)
+def _mirror(run: current.CurrentRun | None) -> None:
+    """Accelerate's shared dict follows the current run: filled from it, emptied when it is forgotten."""
     PartialState._shared_state.clear()
-    _show(run)
-    return run
+    if run is not None:
+        _show(run)
 
 
 def reset_views() -> None:
-    """Accelerate's ``_reset_state()``: the shared dict emptied and the current run forgotten."""
-    PartialState._shared_state.clear()
+    """Accelerate's ``_reset_state()``: the current run forgotten, the shared dict emptied with it."""
     current.clear_current()
 
 
@@ -190,3 +188,6 @@ class AcceleratorState(PartialState):
 
     def __repr__(self) -> str:
         return super().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"
+
+
+current.watch(_mirror)
