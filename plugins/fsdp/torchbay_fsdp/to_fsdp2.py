@@ -55,8 +55,6 @@ def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 
 def load_config(config_file: str) -> dict[str, Any]:
-    import yaml
-
     try:
         with open(config_file, encoding="utf-8") as handle:
             config = yaml.safe_load(handle)
