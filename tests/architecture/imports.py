@@ -39,7 +39,7 @@ LAYERS = [
     ("compat",),
     ("accelerator",),
     ("utils", "state", "wrappers", "launchers", "cli", "testing", "compat.commands", "compat.accelerate_cli",
-     "compat.config_commands", "compat.launch_helpers"),
+     "compat.config_commands", "compat.launch_helpers", "compat.launch_namespace", "compat.launch_validation"),
 ]
 # a plugin inside the core: it may import layers 0-5 (up to the services), and no core module imports it
 PLUGIN_LAYER = "builtin"

@@ -210,11 +210,12 @@ def test_accelerate_commands_read_an_accelerate_config_file_and_parse_a_launch(t
     from accelerate.commands.launch import launch_command_parser
     settings = load_config_from_file({str(config)!r}).to_dict()
     args = launch_command_parser().parse_args(["--num-processes", "2", "train.py", "--lr", "1"])
-    print(json.dumps({{"settings": settings, "script": args.script, "script_args": args.script_args,
-                       "as_accelerate": getattr(args, "launch.as_accelerate")}}))
+    print(json.dumps({{"settings": settings, "script": args.training_script, "script_args": args.training_script_args,
+                       "num_processes": args.num_processes, "multi_gpu": args.multi_gpu}}))
     """, switch=True)
     assert seen["settings"]["num_processes"] == 2
-    assert seen["script"] == "train.py" and seen["script_args"] == ["--lr", "1"] and seen["as_accelerate"] is True
+    assert seen["script"] == "train.py" and seen["script_args"] == ["--lr", "1"]
+    assert seen["num_processes"] == 2 and seen["multi_gpu"] is False  # Accelerate's namespace
 
 
 @pytest.mark.multiprocess

@@ -63,6 +63,7 @@ MODULES = {
     "accelerate.state": "torchbay.state",
     "accelerate.tracking": "torchbay.tracking",
     "accelerate.utils": "torchbay.utils",
+    "accelerate.utils.launch": "torchbay.compat.launch_helpers",  # (accelerate.utils' other names through it)
 }
 
 #: Accelerate's logger -> the torchbay module that logs what Accelerate logs there (when the two
@@ -80,12 +81,13 @@ LIBRARY_NAMES = "compat/resources/library_names.yaml"
 @functools.lru_cache(maxsize=1)
 def served_modules() -> dict[str, str]:
     """:data:`MODULES` and accelerate.utils' own modules, each answered by torchbay.utils (which serves every
-    accelerate.utils name); their names are listed in compat/resources/library_names.yaml."""
+    accelerate.utils name) unless :data:`MODULES` names another; their names are listed in
+    compat/resources/library_names.yaml."""
     from torchbay.compat import surface
     from torchbay.config.files import read_packaged_yaml
 
     submodules = read_packaged_yaml("torchbay", LIBRARY_NAMES)["utils_submodules"]
-    served = {**MODULES, **{f"accelerate.utils.{name}": "torchbay.utils" for name in submodules}}
+    served = {**{f"accelerate.utils.{name}": "torchbay.utils" for name in submodules}, **MODULES}  # MODULES' win
     for module in surface.modules():  # the rest of Accelerate's modules: their nearest served parent answers
         parent = module
         while parent not in served and "." in parent:
@@ -118,6 +120,7 @@ class _StandIn(types.ModuleType):
     def __init__(self, name: str, target: str):
         super().__init__(name)
         self.__dict__["_torchbay_target"] = target
+        self.__dict__["_taken_from_target"] = set()  # names deleted from the target through here
         self.__path__ = []  # a package: its submodules are found by the finder
         if name == "accelerate":
             self.__version__ = served_version()
@@ -138,9 +141,12 @@ class _StandIn(types.ModuleType):
 
     def __setattr__(self, name: str, value) -> None:
         """A library that patches an Accelerate function (``accelerate.big_modeling.check_device_map = ...``)
-        patches the torchbay function that answers for it, as it would patch Accelerate's own module."""
+        patches the torchbay function that answers for it, as it would patch Accelerate's own module (and puts it
+        back there: ``unittest.mock.patch`` deletes, then sets the original)."""
         target = importlib.import_module(self._torchbay_target) if not name.startswith("__") else None
-        if target is not None and name in vars(target) and not isinstance(value, types.ModuleType):
+        if target is not None and (name in vars(target) or name in self._taken_from_target) \
+                and not isinstance(value, types.ModuleType):
+            self._taken_from_target.discard(name)
             setattr(target, name, value)
         else:
             super().__setattr__(name, value)
@@ -150,6 +156,7 @@ class _StandIn(types.ModuleType):
             super().__delattr__(name)
         else:
             delattr(importlib.import_module(self._torchbay_target), name)
+            self._taken_from_target.add(name)
 
     def __dir__(self):
         return sorted(set(dir(importlib.import_module(self._torchbay_target))) | set(self.__dict__))
