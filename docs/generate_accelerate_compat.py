@@ -23,11 +23,16 @@ COMPAT_HF_RESULTS = HERE / "compat-hf-results.md"
 
 
 def modules() -> list[tuple[str, str]]:
-    """Accelerate module -> the torchbay module that answers it (the switch's own table)."""
-    from torchbay.compat.finder import MODULES
+    """Accelerate module -> the torchbay module that answers it (the switch's own table), then the command modules
+    a plugin answers (its accelerate.yaml, ``api: commands``; the distribution from the published catalog)."""
+    from torchbay.compat.finder import MODULES, PLUGIN_COMMAND_MODULES
+    from torchbay.plugin.published import ACCELERATE_COMMAND, distribution_for
 
-    return [(a if a != "accelerate.utils" else "accelerate.utils (and its submodules)", t)
-            for a, t in MODULES.items()]
+    served = [(a if a != "accelerate.utils" else "accelerate.utils (and its submodules)", f"`{t}`")
+              for a, t in MODULES.items()]
+    by_plugin = [(a, f"the {distribution_for(ACCELERATE_COMMAND, c)} plugin's module (`accelerate {c}`)")
+                 for a, c in PLUGIN_COMMAND_MODULES.items()]
+    return sorted(served + by_plugin)
 
 
 #: names that behave differently from Accelerate's in a way a user may notice
@@ -203,7 +208,7 @@ def render() -> str:
         "",
         "| Accelerate | torchbay |",
         "|---|---|",
-        *[f"| `{a}` | `{t}` |" for a, t in modules()],
+        *[f"| `{a}` | {t} |" for a, t in modules()],
         "",
         "Accelerate's test fixtures (`accelerate.test_utils`: RegressionModel, RegressionDataset...) are",
         "Accelerate's own code; the compat suite imports them from the installed package.",

@@ -12,6 +12,7 @@ from torchbay.compat.accelerate_config_file import (  # noqa: F401 (accelerate.c
     AccelerateConfigFile,
     BaseConfig,
     ClusterConfig,
+    SageMakerConfig,
     default_config_file,
     load_config_from_file,
     remove_imported_config,

@@ -267,7 +267,7 @@ def _check(tree: dict, table: dict, report: ImportReport, pm, config_model) -> N
 
 
 def import_file(path: str, pm=None) -> tuple[dict[str, Any], ImportReport]:
-    data = load_yaml_file(path)
+    data = load_yaml_file(path, equal_repeats=True)  # as Accelerate's files are read (accelerate_config_file)
     if "distributed_type" not in data and "compute_environment" not in data:
         raise ConfigError(f"'{path}' does not look like an Accelerate config (no distributed_type or "
                           f"compute_environment key)")
