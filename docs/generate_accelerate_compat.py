@@ -62,8 +62,9 @@ NOTES = {
     "TorchDynamoPlugin": "taken as the compile config section; backend unset or 'no' sets nothing (compile.enabled "
                          "stays auto: off, except where the precision needs it, e.g. torchao FP8); reads no "
                          "ACCELERATE_DYNAMO_* variable (TORCHBAY_COMPILE__* instead)",
-    "compile_regions": "compiles the repeated blocks in place and returns the same module (Accelerate returns a "
-                       "copy and also compiles the other leaf modules)",
+    "compile_regions": "a twin sharing the parameters, each repeated block wrapped by torch.compile and the rest "
+                       "compiled whole, the user's module unchanged (prepare with compile.regional compiles in "
+                       "place instead)",
     "has_compiled_regions": "also counts modules compiled in place (Module.compile, torchbay's compile step)",
     "is_compiled_module": "True for a torch.compile wrapper (OptimizedModule) only: a model torchbay's compile step "
                           "compiled in place has no _orig_mod to unwrap, so code that unwraps one leaves it as is",
