@@ -502,8 +502,9 @@ def test_accelerates_torchao_helpers_convert_the_same_layers_as_accelerate():
 
     def toy():
         torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                   torch.nn.Linear(64, 48), torch.nn.Linear(48, 8)), torch.nn.Linear(8, 32))
+        block = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 48),
+                                    torch.nn.Linear(48, 8))
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), block, torch.nn.Linear(8, 32))
 
     def converted(convert, **kwargs):
         model = toy()
