@@ -23,11 +23,16 @@ COMPAT_HF_RESULTS = HERE / "compat-hf-results.md"
 
 
 def modules() -> list[tuple[str, str]]:
-    """Accelerate module -> the torchbay module that answers it (the switch's own table)."""
-    from torchbay.compat.finder import MODULES
+    """Accelerate module -> the torchbay module that answers it (the switch's own table), then the command modules
+    a plugin answers (its accelerate.yaml, ``api: commands``; the distribution from the published catalog)."""
+    from torchbay.compat.finder import MODULES, PLUGIN_COMMAND_MODULES
+    from torchbay.plugin.published import ACCELERATE_COMMAND, distribution_for
 
-    return [(a if a != "accelerate.utils" else "accelerate.utils (and its submodules)", t)
-            for a, t in MODULES.items()]
+    served = [(a if a != "accelerate.utils" else "accelerate.utils (and its submodules)", f"`{t}`")
+              for a, t in MODULES.items()]
+    by_plugin = [(a, f"the {distribution_for(ACCELERATE_COMMAND, c)} plugin's module (`accelerate {c}`)")
+                 for a, c in PLUGIN_COMMAND_MODULES.items()]
+    return sorted(served + by_plugin)
 
 
 #: names that behave differently from Accelerate's in a way a user may notice
@@ -57,8 +62,9 @@ NOTES = {
     "TorchDynamoPlugin": "taken as the compile config section; backend unset or 'no' sets nothing (compile.enabled "
                          "stays auto: off, except where the precision needs it, e.g. torchao FP8); reads no "
                          "ACCELERATE_DYNAMO_* variable (TORCHBAY_COMPILE__* instead)",
-    "compile_regions": "compiles the repeated blocks in place and returns the same module (Accelerate returns a "
-                       "copy and also compiles the other leaf modules)",
+    "compile_regions": "a twin sharing the parameters, each repeated block wrapped by torch.compile and the rest "
+                       "compiled whole, the user's module unchanged (prepare with compile.regional compiles in "
+                       "place instead)",
     "has_compiled_regions": "also counts modules compiled in place (Module.compile, torchbay's compile step)",
     "is_compiled_module": "True for a torch.compile wrapper (OptimizedModule) only: a model torchbay's compile step "
                           "compiled in place has no _orig_mod to unwrap, so code that unwraps one leaves it as is",
@@ -203,7 +209,7 @@ def render() -> str:
         "",
         "| Accelerate | torchbay |",
         "|---|---|",
-        *[f"| `{a}` | `{t}` |" for a, t in modules()],
+        *[f"| `{a}` | {t} |" for a, t in modules()],
         "",
         "Accelerate's test fixtures (`accelerate.test_utils`: RegressionModel, RegressionDataset...) are",
         "Accelerate's own code; the compat suite imports them from the installed package.",
@@ -249,6 +255,14 @@ def render() -> str:
         "  group through the current state; `reduce` defaults to `mean` as Accelerate's does",
         "  (`accelerator.reduce` to `sum`). With `PartialState().debug = True` shapes are compared first and a",
         "  mismatch raises `DistributedOperationException`.",
+        "- `accelerate.commands.launch.launch_command_parser()` gives Accelerate's namespace (`multi_gpu`, `use_fsdp`,",
+        "  `num_processes`, `training_script`...), made from `torchbay launch`'s flags and the Accelerate tables",
+        "  (`resources/accelerate.yaml` and each plugin's); `_validate_launch_command` completes it from the config",
+        "  file the launch reads, as Accelerate does (a key neither knows is refused), and `launch_command` runs",
+        "  `torchbay launch --as-accelerate` with the flags the namespace was given or changed to (trl's CLI sets",
+        "  `training_script_args` after parsing). `prepare_simple_launcher_cmd_env` gives an `mpirun_config`'s",
+        "  `mpirun` command line in the installed MPI's spelling, and `--cpu` the Intel OpenMP variables",
+        "  (`KMP_AFFINITY`, `KMP_BLOCKTIME`; values already set are kept).",
         "",
         "## Checkpoints Accelerate wrote",
         "",

@@ -1,14 +1,31 @@
-"""Runtime imports among torchbay's own modules, read with ``ast`` (module level and inside functions;
-imports under ``if TYPE_CHECKING:`` do not run and are left out), and the layer each module belongs to."""
+"""Runtime imports of torchbay's code, read with ``ast`` (module level and inside functions; imports under
+``if TYPE_CHECKING:`` do not run and are left out): the core's layers, and for the core and every in-repo plugin
+package (``plugins/**/torchbay_*``) its runtime cycles and its share of imports made inside functions.
+
+``python tests/architecture/imports.py`` prints the table of docs/architecture.md, "Imports inside functions"."""
 
 from __future__ import annotations
 
 import ast
+import math
 import os
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "core" / "torchbay"
+PLUGINS = ROOT / "plugins"
+
+#: imports of torchbay's code (the package's own modules and the core) made inside functions: at most this share
+#: of a package's such imports, rounded down, and always one. A function-level import is kept only to keep
+#: start-up light (a module loaded at plugin discovery or by ``import torchbay`` defers what a command or a
+#: strategy needs) or to reach an optional dependency; anything else goes at module level. Third-party imports
+#: are not counted (``torch.distributed.checkpoint``, ``deepspeed``, ``wandb``: optional or heavy by nature).
+FUNCTION_LEVEL_SHARE_MAX = 0.10
+#: core modules left out of the share: the command-line tools (``torchbay`` and the ``accelerate`` commands) defer
+#: each command's imports to the command, so that ``--help`` and every other command start fast
+START_UP_DEFERRED = ("torchbay.cli", "torchbay.compat.accelerate_cli", "torchbay.compat.commands",
+                     "torchbay.compat.config_commands", "torchbay.compat.launch_helpers")
 
 #: docs/architecture.md, "Layers": a runtime import may only point to the same layer or one below
 LAYERS = [
@@ -22,15 +39,15 @@ LAYERS = [
     ("compat",),
     ("accelerator",),
     ("utils", "state", "wrappers", "launchers", "cli", "testing", "compat.commands", "compat.accelerate_cli",
-     "compat.config_commands", "compat.launch_helpers"),
+     "compat.config_commands", "compat.launch_helpers", "compat.launch_namespace", "compat.launch_validation"),
 ]
 # a plugin inside the core: it may import layers 0-5 (up to the services), and no core module imports it
 PLUGIN_LAYER = "builtin"
 BUILTIN_MAY_IMPORT = 5
 
 
-def module_name(path: Path, root: Path = CORE) -> str:
-    rel = path.relative_to(root.parent).with_suffix("")
+def module_name(path: Path, package: Path = CORE) -> str:
+    rel = path.relative_to(package.parent).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts = parts[:-1] if len(parts) > 1 else parts
@@ -60,11 +77,16 @@ def _type_checking_block(node: ast.AST) -> bool:
         or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
 
 
-def runtime_imports(path: Path, name: str) -> list[tuple[str, int, bool]]:
-    """``(imported torchbay module, line, inside a function)`` for each runtime import in ``path``."""
+def runtime_imports(path: Path, name: str, package: Path = CORE) -> list[tuple[str, int, bool]]:
+    """``(imported module of torchbay's code, line, inside a function)`` for each runtime import in ``path``, a
+    module of ``package`` (the core or a plugin package): imports of the package itself and of the core."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tops = {package.name, CORE.name}
     found: list[tuple[str, int, bool]] = []
+
+    def ours(dotted: str) -> bool:
+        return dotted.split(".")[0] in tops
 
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
@@ -73,43 +95,57 @@ def runtime_imports(path: Path, name: str) -> list[tuple[str, int, bool]]:
                     visit(sub, in_function)
                 continue
             if isinstance(child, ast.Import):
-                found.extend((a.name, child.lineno, in_function) for a in child.names if a.name.startswith("torchbay"))
+                found.extend((a.name, child.lineno, in_function) for a in child.names if ours(a.name))
             elif isinstance(child, ast.ImportFrom):
                 base = child.module or ""
                 if child.level:
-                    base = ".".join(package.split(".")[:len(package.split(".")) - child.level + 1]
+                    base = ".".join(here.split(".")[:len(here.split(".")) - child.level + 1]
                                     + ([base] if base else []))
-                if base == "torchbay" or base.startswith("torchbay."):
+                if ours(base):
                     for alias in child.names:
                         candidate = f"{base}.{alias.name}"
-                        found.append((candidate if _is_module(candidate) else base, child.lineno, in_function))
+                        found.append((candidate if _is_module(candidate, package) else base, child.lineno,
+                                      in_function))
             visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
     visit(tree, False)
     return found
 
 
-def _is_module(dotted: str) -> bool:
-    base = CORE.parent.joinpath(*dotted.split("."))
+def _is_module(dotted: str, package: Path = CORE) -> bool:
+    root = package.parent if dotted.split(".")[0] == package.name else CORE.parent
+    base = root.joinpath(*dotted.split("."))
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
-def core_modules() -> dict[str, Path]:
+def package_modules(package: Path = CORE) -> dict[str, Path]:
+    """Every module of ``package`` (a directory holding ``__init__.py``) by dotted name."""
     modules = {}
-    for folder, dirs, files in os.walk(CORE):
+    for folder, dirs, files in os.walk(package):
         dirs[:] = [d for d in dirs if d not in ("__pycache__", "templates", "resources")]
         for file in files:
             if file.endswith(".py"):
                 path = Path(folder) / file
-                modules[module_name(path)] = path
+                modules[module_name(path, package)] = path
     return modules
 
 
-def import_edges() -> list[tuple[str, str, int, bool]]:
-    """``(importer, imported, line, inside a function)`` for every runtime import between core modules."""
+def core_modules() -> dict[str, Path]:
+    return package_modules(CORE)
+
+
+def plugin_packages() -> list[Path]:
+    """Every in-repo plugin package: ``plugins/**/torchbay_*`` holding ``__init__.py`` (tests left out)."""
+    return sorted(path for path in PLUGINS.glob("**/torchbay_*")
+                  if (path / "__init__.py").is_file() and "tests" not in path.relative_to(PLUGINS).parts)
+
+
+def import_edges(package: Path = CORE) -> list[tuple[str, str, int, bool]]:
+    """``(importer, imported, line, inside a function)`` for every runtime import of torchbay's code made by a
+    module of ``package`` (by default the core: the imports between core modules)."""
     edges = []
-    for name, path in sorted(core_modules().items()):
-        for target, line, in_function in runtime_imports(path, name):
+    for name, path in sorted(package_modules(package).items()):
+        for target, line, in_function in runtime_imports(path, name, package):
             if target != name:
                 edges.append((name, target, line, in_function))
     return edges
@@ -160,9 +196,59 @@ def cycles(edges) -> list[list[str]]:
             if len(group) > 1:
                 out.append(sorted(group))
 
-    import sys
-    sys.setrecursionlimit(10000)
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
     for node in sorted(graph):
         if node not in index:
             strong(node)
     return sorted(out)
+
+
+def function_level(edges) -> tuple[int, int]:
+    """``(inside functions, all)``: import statements of torchbay's code, one per importer, imported module and
+    line (``from m import a, b`` is one import of ``m``)."""
+    statements = {(source, target, line): in_function for source, target, line, in_function in edges}
+    return sum(statements.values()), len(statements)
+
+
+def function_level_limit(total: int) -> int:
+    """The most of ``total`` imports that may sit inside functions (:data:`FUNCTION_LEVEL_SHARE_MAX`)."""
+    return max(1, math.floor(FUNCTION_LEVEL_SHARE_MAX * total))
+
+
+def share_edges(package: Path = CORE) -> list[tuple[str, str, int, bool]]:
+    """The imports the share counts: the package's, less the core's :data:`START_UP_DEFERRED` modules."""
+    return [e for e in import_edges(package) if not e[0].startswith(START_UP_DEFERRED)]
+
+
+def problems(package: Path) -> list[str]:
+    """What breaks the rules in ``package`` (the core or a plugin package): its runtime import cycles and too
+    many imports inside functions, each with the fix; empty when it keeps them."""
+    found = [f"{package.name}: runtime import cycle {' <-> '.join(group)}: move what one of them needs into a "
+             f"module below both" for group in cycles(import_edges(package))]
+    inside, total = function_level(share_edges(package))
+    if inside > function_level_limit(total):
+        where = sorted({f"{source}:{line} -> {target}" for source, target, line, in_function in
+                        share_edges(package) if in_function})
+        found.append(f"{package.name}: {inside} of {total} imports of torchbay's code sit inside functions (the "
+                     f"limit is {function_level_limit(total)}, {FUNCTION_LEVEL_SHARE_MAX:.0%}): import at module "
+                     f"level unless start-up cost or an optional dependency needs the import deferred:\n  "
+                     + "\n  ".join(where))
+    return found
+
+
+def table() -> str:
+    """The markdown table of docs/architecture.md, "Imports inside functions", measured now."""
+    rows = ["| package | modules | imports of torchbay's code | inside functions | share | limit | runtime cycles |",
+            "|---|---:|---:|---:|---:|---:|---|"]
+    for package in [CORE, *plugin_packages()]:
+        inside, total = function_level(share_edges(package))
+        groups = cycles(import_edges(package))
+        name = f"{package.name} (outside the command modules)" if package == CORE else package.name
+        rows.append(f"| {name} | {len(package_modules(package))} | {total} | {inside} | "
+                    f"{inside / total if total else 0:.0%} | {function_level_limit(total)} | "
+                    f"{'; '.join(' <-> '.join(g) for g in groups) or 0} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(table(), end="")

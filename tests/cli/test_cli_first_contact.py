@@ -96,6 +96,11 @@ def test_the_catalog_is_what_plugins_in_this_repository_register():
 
             switches = (yaml.safe_load(table.read_text()).get("config_import") or {}).get("launch_switches") or {}
             assert all(listed["accelerate launch switch"].get(s) == distribution for s in switches), distribution
+            commands = (yaml.safe_load(table.read_text()).get("api") or {}).get("commands") or {}
+            assert all(listed["accelerate command"].get(c) == distribution for c in commands), distribution
+    for command, distribution in listed["accelerate command"].items():  # and each listed command is served there
+        tables = [yaml.safe_load(t.read_text()) for t in in_tree[distribution].rglob("accelerate.yaml")]
+        assert any(command in ((t.get("api") or {}).get("commands") or {}) for t in tables), command
     for section, model in pm.config_sections().items():
         top = model.__module__.split(".")[0]
         distribution = next((d for d, folder in in_tree.items() if (folder / top).is_dir()), None)

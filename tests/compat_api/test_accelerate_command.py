@@ -53,8 +53,45 @@ def test_a_failure_names_torchbay_launch_as_accelerate(tmp_path):
 
 
 def test_unknown_command_lists_the_served_ones(tmp_path):
-    done = accelerate("tpu-config", cwd=tmp_path)
-    assert done.returncode == 2 and "launch" in done.stderr and "estimate-memory" in done.stderr
+    done = accelerate("warp-drive", cwd=tmp_path)
+    assert done.returncode == 2 and "unknown command 'warp-drive'" in done.stderr
+    assert "launch" in done.stderr and "estimate-memory" in done.stderr and "tpu-config" in done.stderr
+
+
+# --- commands a plugin serves (its accelerate.yaml, api: commands) -----------------------------------------------
+
+def test_tpu_config_is_served_by_the_xla_plugin_from_flags_and_the_config_file(tmp_path):
+    (tmp_path / "setup.sh").write_text("pip install -r requirements.txt\n")
+    (tmp_path / "acc.yaml").write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\n"
+                                       "tpu_name: pod\ntpu_zone: europe-west4-a\ncommand_file: setup.sh\n")
+    done = accelerate("tpu-config", "--config_file", "acc.yaml", "--install_accelerate", "--debug", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ("Running gcloud compute tpus tpu-vm ssh pod --zone europe-west4-a --command "
+                                   "cd /usr/share; pip install accelerate -U; pip install -r requirements.txt "
+                                   "--worker all")
+    missing = accelerate("tpu-config", "--command", "ls", "--debug", cwd=tmp_path)  # no pod named anywhere
+    assert missing.returncode == 2 and "--tpu_name" in missing.stderr and "--tpu_zone" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_a_plugin_command_without_its_plugin_names_the_distribution(tmp_path):
+    done = accelerate("tpu-config", "--debug", cwd=tmp_path, env={"TORCHBAY_BLOCK_PLUGINS": "xla"})
+    assert done.returncode == 2 and "pip install torchbay-xla" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_sagemaker_config_is_read_and_its_launch_refused(tmp_path):
+    (tmp_path / "sm.yaml").write_text("compute_environment: AMAZON_SAGEMAKER\ndebug: false\ndistributed_type: NO\n"
+                                      "mixed_precision: fp16\ndebug: false\nec2_instance_type: MY_TYPE\n"
+                                      "iam_role_name: MY_ROLE\n")  # a key repeated with one value, as Accelerate's
+    from torchbay.compat.commands import ClusterConfig, SageMakerConfig, load_config_from_file
+
+    read = load_config_from_file(str(tmp_path / "sm.yaml"))
+    assert isinstance(read, SageMakerConfig) and not isinstance(read, ClusterConfig)
+    assert read.ec2_instance_type == "MY_TYPE" and read.iam_role_name == "MY_ROLE"
+    (tmp_path / "train.py").write_text("open('ran', 'w').close()\n")
+    refused = accelerate("launch", "--config_file", "sm.yaml", "train.py", cwd=tmp_path)
+    assert refused.returncode == 2 and "does not submit SageMaker jobs" in refused.stderr, refused.stderr
+    assert not (tmp_path / "ran").exists()
 
 
 # --- the launcher helpers (torchbay.utils, accelerate.utils under the switch) -----------------------------------

@@ -210,11 +210,12 @@ def test_accelerate_commands_read_an_accelerate_config_file_and_parse_a_launch(t
     from accelerate.commands.launch import launch_command_parser
     settings = load_config_from_file({str(config)!r}).to_dict()
     args = launch_command_parser().parse_args(["--num-processes", "2", "train.py", "--lr", "1"])
-    print(json.dumps({{"settings": settings, "script": args.script, "script_args": args.script_args,
-                       "as_accelerate": getattr(args, "launch.as_accelerate")}}))
+    print(json.dumps({{"settings": settings, "script": args.training_script, "script_args": args.training_script_args,
+                       "num_processes": args.num_processes, "multi_gpu": args.multi_gpu}}))
     """, switch=True)
     assert seen["settings"]["num_processes"] == 2
-    assert seen["script"] == "train.py" and seen["script_args"] == ["--lr", "1"] and seen["as_accelerate"] is True
+    assert seen["script"] == "train.py" and seen["script_args"] == ["--lr", "1"]
+    assert seen["num_processes"] == 2 and seen["multi_gpu"] is False  # Accelerate's namespace
 
 
 @pytest.mark.multiprocess
@@ -284,6 +285,42 @@ def test_patching_an_accelerate_function_patches_the_torchbay_function_that_answ
     print(json.dumps({"patched": patched, "restored": restored}))
     """, switch=True)
     assert seen == {"patched": True, "restored": True}
+
+
+def test_mock_patch_of_an_accelerate_name_puts_the_torchbay_function_back():
+    """unittest.mock.patch ends by deleting what it set on a module whose own namespace lacked the name (a stand-in's
+    names live in the torchbay module): the torchbay function must come back, not be deleted (Accelerate's
+    test_cli patches accelerate.commands.to_fsdp2.load_config, which later tests call)."""
+    seen = _python("""
+    import json
+    from unittest.mock import patch
+    import accelerate.commands.to_fsdp2 as served
+    import torchbay_fsdp.to_fsdp2 as plugin
+    original = plugin.load_config
+    with patch("accelerate.commands.to_fsdp2.load_config", return_value={"fsdp_config": {}}):
+        patched = plugin.load_config("x") == {"fsdp_config": {}}
+    print(json.dumps({"patched": patched, "restored": plugin.load_config is original,
+                      "served": served.load_config is original}))
+    """, switch=True)
+    assert seen == {"patched": True, "restored": True, "served": True}
+
+
+def test_a_plugin_commands_accelerate_module_is_the_plugins_or_placeholders_naming_it():
+    code = """
+    import json
+    import accelerate.commands.tpu as tpu
+    from accelerate.commands.tpu import tpu_command_parser
+    try:
+        tpu_command_parser()
+        said = None
+    except Exception as exc:
+        said = str(exc)
+    print(json.dumps({"module": repr(tpu), "said": said}))
+    """
+    served = _python(code, switch=True)
+    assert "torchbay_xla.tpu_config" in served["module"] and served["said"] is None
+    unserved = _python(code, switch=True, TORCHBAY_BLOCK_PLUGINS="xla")
+    assert "pip install torchbay-xla" in unserved["said"], unserved
 
 
 def test_accelerates_file_name_constants_are_served_with_accelerates_values():

@@ -162,3 +162,19 @@ def test_process_group_timeout_has_a_default_and_can_be_set(tmp_path):
 def test_duplicate_yaml_keys_are_refused_with_both_lines(tmp_path):
     with pytest.raises(ConfigError, match=r"duplicate key 'backend' on lines 2 and 4"):
         resolve_config(file=write(tmp_path, "fp8:\n  backend: te\n  margin: 1\n  backend: torchao\n"), environ={})
+    with pytest.raises(ConfigError, match=r"duplicate key 'seed' on lines 1 and 2"):  # even with one value
+        resolve_config(file=write(tmp_path, "seed: 1\nseed: 1\n"), environ={})
+
+
+def test_an_accelerate_file_may_repeat_a_key_with_the_same_value_only(tmp_path):
+    """Accelerate reads its files with yaml.safe_load (the last repeat wins); its own test config repeats
+    ``debug: false``. A repeat with the same value means one thing; another value stays an error."""
+    from torchbay.compat.accelerate_config_file import load_config_from_file
+
+    same = tmp_path / "same.yaml"
+    same.write_text("debug: false\nfsdp_config: {a: 1}\ndebug: false\nfsdp_config: {a: 1}\n")
+    assert load_config_from_file(str(same)).to_dict() == {"debug": False, "fsdp_config": {"a": 1}}
+    other = tmp_path / "other.yaml"
+    other.write_text("debug: false\ndebug: true\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'debug' on lines 1 and 2"):
+        load_config_from_file(str(other))

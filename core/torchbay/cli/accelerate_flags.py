@@ -98,9 +98,9 @@ class AccelerateLaunchFlags:
             flag, given = self.dests.get(values[key]), value if eq else nxt
             self.origins[values[key]] = f"--{key}"
             return ([flag, given] if flag else [f"--set={values[key]}={given}"]), 0 if eq else 1
-        section = self._section_of(key)
-        if section is not None:
-            return self._section_flag(key, section, eq, value, nxt)
+        found = self._section_of(key)
+        if found is not None:
+            return self._section_flag(key, *found, eq, value, nxt)
         from torchbay.plugin.published import LAUNCH_SWITCH, distribution_for
 
         serving = distribution_for(LAUNCH_SWITCH, key)
@@ -114,14 +114,19 @@ class AccelerateLaunchFlags:
                               header="bad command line")
         return None
 
-    def _section_of(self, key: str) -> str | None:
-        """The Accelerate nested config (``fsdp_config``...) whose key ``key`` is, in an installed plugin's table."""
+    def _section_of(self, flag: str) -> tuple[str, str] | None:
+        """``(nested config, its key)`` that ``--flag`` names (the key, or Accelerate's flag for it: ``fp8_margin``
+        is fp8_config's ``margin``), in an installed plugin's table."""
+        from torchbay.compat.config_import import flag_of
+
         for name, spec in (self.table.get("sections") or {}).items():
-            if "target" in spec and key in (spec.get("keys") or {}):
-                return name
+            for key in (spec.get("keys") or {}) if "target" in spec else ():
+                if flag in (key, flag_of(spec, key)):
+                    return name, key
         return None
 
-    def _section_flag(self, key: str, section: str, eq: str, value: str, nxt: str | None) -> tuple[list[str], int]:
+    def _section_flag(self, flag: str, section: str, key: str, eq: str, value: str,
+                      nxt: str | None) -> tuple[list[str], int]:
         """``--fsdp_offload_params true``: the key of Accelerate's ``section`` read as a config file's would be
         (config_import's rules, the same table), so the flag sets the same torchbay keys."""
         import json
@@ -148,11 +153,11 @@ class AccelerateLaunchFlags:
         flat = convert_section(section, spec, {key: parsed}, report)
         if report.not_imported:
             _, shown, why = report.not_imported[0]
-            raise ConfigError(f"--{key} {shown} is accelerate launch's; torchbay launch cannot honour it: "
+            raise ConfigError(f"--{flag} {shown} is accelerate launch's; torchbay launch cannot honour it: "
                               f"{' '.join(str(why).split())} (see torchbay launch --help)", header="bad command line")
         tokens = []
         for dotted, setting in flat.items():
-            self.origins[dotted] = f"--{key}"
+            self.origins[dotted] = f"--{flag}"
             tokens.append(f"--set={dotted}={json.dumps(setting)}")
         return tokens, taken
 

@@ -10,7 +10,9 @@ real Accelerate installs): each of its subcommands, with Accelerate's spellings,
                           (``write_basic_config``)
 ``accelerate env``        ``torchbay env``
 ``accelerate test``       ``torchbay test``
-``accelerate estimate-memory``, ``merge-weights``, ``to-fsdp2``: torchbay's commands of the same role
+``accelerate estimate-memory``, ``merge-weights``: torchbay's commands of the same role
+``accelerate to-fsdp2``,  the plugin that declares the command in its accelerate.yaml (``api: commands``;
+``tpu-config``...         compat/plugin_commands.py): without it, the error names the distribution to install
 ========================  =====================================================================
 
 A failure says that torchbay answered and how to run the same job with torchbay's own command, or Accelerate's.
@@ -18,7 +20,6 @@ A failure says that torchbay answered and how to run the same job with torchbay'
 
 from __future__ import annotations
 
-import importlib
 import sys
 import traceback
 
@@ -27,7 +28,7 @@ from torchbay.errors import TorchbayError
 #: ``accelerate`` subcommand -> the torchbay command that serves it (None: handled here)
 COMMANDS = {"launch": None, "config": None, "env": None, "test": None,
             "estimate-memory": ["estimate-memory"], "estimate": ["estimate-memory"],
-            "merge-weights": ["merge-weights"], "to-fsdp2": None}
+            "merge-weights": ["merge-weights"]}
 
 POINTER = ("torchbay answered `accelerate` here because TORCHBAY_AS_ACCELERATE=1 is set: the same run is "
            "`torchbay launch --as-accelerate [flags] script.py` (torchbay launch --help lists the flags); unset "
@@ -37,7 +38,7 @@ POINTER = ("torchbay answered `accelerate` here because TORCHBAY_AS_ACCELERATE=1
 def main(argv: list[str] | None = None) -> int:
     """``accelerate COMMAND ...`` served by torchbay: the command's exit code (the console script exits with it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+    if not argv or argv[0] in ("-h", "--help") or (argv[0] not in COMMANDS and argv[0] not in _commands()):
         return _usage(argv)
     command, rest = argv[0], argv[1:]
     try:
@@ -56,8 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _commands() -> set[str]:
+    """The commands served here and those a plugin serves (installed, or published: then it says what to install)."""
+    from torchbay.compat.plugin_commands import known
+
+    return set(COMMANDS) | set(known())
+
+
 def _usage(argv: list[str]) -> int:
-    known = ", ".join(sorted(COMMANDS))
+    known = ", ".join(sorted(_commands()))
     unknown = f"unknown command {argv[0]!r}; " if argv and argv[0] not in ("-h", "--help") else ""
     print(f"usage: accelerate COMMAND [ARGS] (served by torchbay)\n{unknown}commands: {known}", file=sys.stderr)
     return 2 if unknown or not argv else 0
@@ -81,8 +89,10 @@ def _run(command: str, rest: list[str]) -> int:
         parser = getattr(config_commands, f"{command}_command_parser")()
         getattr(config_commands, f"{command}_command")(parser.parse_args(rest))
         return 0
-    if command == "to-fsdp2":
-        return importlib.import_module("torchbay_fsdp.to_fsdp2").to_fsdp2_main(rest)  # the plugin's command
+    if command not in COMMANDS:
+        from torchbay.compat.plugin_commands import run
+
+        return run(command, rest)  # the plugin's command
     return torchbay_main([*COMMANDS[command], *_dashed_config_file(rest)])
 
 

@@ -49,8 +49,21 @@ class AccelerateConfigFile:
             raise AttributeError(f"{self.path} has no setting {name!r}") from None
 
 
-#: Accelerate's config classes (``accelerate.commands.config.config_args``): one settings holder serves them
-BaseConfig = ClusterConfig = AccelerateConfigFile
+#: Accelerate's config classes (``accelerate.commands.config.config_args``): the settings holder serves them
+BaseConfig = AccelerateConfigFile
+
+
+class ClusterConfig(AccelerateConfigFile):
+    """The settings of an Accelerate config file for a local or cluster run (what ``torchbay launch`` imports)."""
+
+
+class SageMakerConfig(AccelerateConfigFile):
+    """The settings of an Accelerate config file for Amazon SageMaker (``compute_environment: AMAZON_SAGEMAKER``).
+    torchbay reads them; it does not submit SageMaker jobs (a launch with such a file is refused, saying so)."""
+
+
+#: the ``compute_environment`` whose files :func:`load_config_from_file` reads as :class:`SageMakerConfig`
+SAGEMAKER = "AMAZON_SAGEMAKER"
 
 
 def load_config_from_file(config_file: str | None = None) -> AccelerateConfigFile:
@@ -65,8 +78,11 @@ def load_config_from_file(config_file: str | None = None) -> AccelerateConfigFil
         with open(path, encoding="utf-8") as handle:
             settings = json.load(handle)
     else:
-        settings = load_yaml_file(path) or {}
-    return AccelerateConfigFile(settings, path)
+        settings = load_yaml_file(path, equal_repeats=True) or {}  # a key repeated with one value reads once
+    if not isinstance(settings, dict):
+        raise ConfigError(f"Accelerate config file {path} must hold a mapping of Accelerate's keys to values")
+    holder = SageMakerConfig if settings.get("compute_environment") == SAGEMAKER else ClusterConfig
+    return holder(settings, path)
 
 
 def with_torchbay_config(args: list[str]) -> tuple[list[str], str | None]:
@@ -88,7 +104,14 @@ def with_torchbay_config(args: list[str]) -> tuple[list[str], str | None]:
         value = value or (args[index + 1] if index + 1 < len(args) else "")
         if not os.path.isfile(value):
             return args, None  # missing, a folder...: the launch's own config reading says what is wrong
-        settings = load_config_from_file(value).to_dict()
+        read = load_config_from_file(value)
+        if isinstance(read, SageMakerConfig):
+            raise ConfigError(f"{value} has compute_environment: {SAGEMAKER}: Accelerate would submit this run as "
+                              "an Amazon SageMaker job, and torchbay does not submit SageMaker jobs (it reads such a "
+                              "file, it does not launch it). Run the launch inside the SageMaker job with a "
+                              "LOCAL_MACHINE config, or submit it with Accelerate's own `accelerate launch` "
+                              "(TORCHBAY_AS_ACCELERATE unset)", header="launch --config_file")
+        settings = read.to_dict()
         if "distributed_type" not in settings and "compute_environment" not in settings:
             return args, None  # already a torchbay config
         tree, report = import_file(value)

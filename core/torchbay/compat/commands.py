@@ -5,7 +5,6 @@ transformers' ``env``): Accelerate's config file is read as it is, and a launch 
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from torchbay.cli.main import build_parser, with_accelerate_spellings
@@ -13,6 +12,7 @@ from torchbay.compat.accelerate_config_file import (  # noqa: F401 (accelerate.c
     AccelerateConfigFile,
     BaseConfig,
     ClusterConfig,
+    SageMakerConfig,
     default_config_file,
     load_config_from_file,
     remove_imported_config,
@@ -20,50 +20,44 @@ from torchbay.compat.accelerate_config_file import (  # noqa: F401 (accelerate.c
 )
 
 
-class _LaunchParser(argparse.ArgumentParser):
-    """Parses ``accelerate launch`` arguments as ``torchbay launch --as-accelerate`` arguments."""
-
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
-        import sys
-
-        parser = build_parser()
-        given, imported_config = with_torchbay_config(_with_default_config(list(sys.argv[1:] if args is None
-                                                                                else args)))
-        argv = with_accelerate_spellings(parser, ["launch", "--as-accelerate", *given])  # --num_processes...
-        parsed = parser.parse_args(argv)
-        parsed._argv = argv
-        parsed._imported_config = imported_config
-        return parsed
-
-
-def _with_default_config(args: list[str]) -> list[str]:
-    """As ``accelerate launch`` does, Accelerate's default config file is read when no config file is named (and
-    neither ``./torchbay.yaml`` nor ``TORCHBAY_CONFIG_FILE`` names one)."""
-    from torchbay.cli.options import DEFAULT_CONFIG_FILE
-    from torchbay.config.files import CONFIG_FILE_ENV
-
-    before_script = []
-    for token in args:
-        if not token.startswith("-"):
-            break
-        before_script.append(token.partition("=")[0])
-    named = {"--config_file", "--config-file"} & set(before_script)
-    if named or os.environ.get(CONFIG_FILE_ENV) or os.path.isfile(DEFAULT_CONFIG_FILE) or \
-            not os.path.isfile(default_config_file):
-        return args
-    return ["--config_file", default_config_file, *args]
-
-
 def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
-    """Accelerate's ``accelerate launch`` parser; ``launch_command`` runs what it parsed through torchbay."""
-    return _LaunchParser(prog="accelerate launch (torchbay launch --as-accelerate)", add_help=False)
+    """Accelerate's ``accelerate launch`` parser: Accelerate's namespace (``multi_gpu``, ``use_fsdp``,
+    ``num_processes``, ``training_script``...), made from torchbay launch's flags and the Accelerate tables
+    (compat/launch_namespace.py); ``launch_command`` runs what it parsed through torchbay."""
+    from torchbay.compat.launch_namespace import build_launch_parser
+
+    return build_launch_parser()
+
+
+def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, Any, bool]:
+    """``(args, the config file's settings or None, whether mixed_precision came from it)``: ``args`` completed from
+    the Accelerate config file the launch reads, as Accelerate completes it (compat/launch_validation.py)."""
+    from torchbay.compat.launch_validation import validate_launch_command
+
+    return validate_launch_command(args)
 
 
 def launch_command(args: argparse.Namespace) -> None:
-    """Run a parsed launch; a failed job ends this process with the job's exit code, as Accelerate's does."""
+    """Run a parsed launch with ``torchbay launch --as-accelerate``: the flags the namespace was given (or changed
+    to), with the config file Accelerate would read; a failed job ends this process with the job's exit code, as
+    Accelerate's does."""
+    from torchbay.compat.launch_namespace import launch_tokens
+    from torchbay.compat.launch_validation import accelerate_config_in_use
+
+    tokens = launch_tokens(launch_command_parser(), args)  # before the config file fills the namespace
+    _validate_launch_command(args)  # Accelerate's checks: an unknown config key, switches that conflict
+    config = None if getattr(args, "config_file", None) else accelerate_config_in_use(args)
+    if config:  # Accelerate's default config file, which the launch reads as Accelerate does
+        tokens = ["--config_file", config, *tokens]
+    parser = build_parser()
+    given, imported = with_torchbay_config(tokens)
     try:
-        code = args.func(args)
+        argv = with_accelerate_spellings(parser, ["launch", "--as-accelerate", *given])  # --num_processes...
+        parsed = parser.parse_args(argv)
+        parsed._argv = argv
+        parsed._imported_config = imported
+        code = parsed.func(parsed)
     finally:
-        remove_imported_config(getattr(args, "_imported_config", None))
+        remove_imported_config(imported)
     if code:
         raise SystemExit(code)

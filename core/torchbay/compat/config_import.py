@@ -80,6 +80,13 @@ class ImportReport:
         return out
 
 
+def flag_of(spec: dict[str, Any], key: str) -> str:
+    """The ``accelerate launch`` flag (without ``--``) for ``key`` of the nested config ``spec``: the key, with the
+    section's ``flag_prefix`` when it lacks it (fp8_config's ``margin`` is ``--fp8_margin``)."""
+    prefix = spec.get("flag_prefix") or ""
+    return key if key.startswith(prefix) else prefix + key
+
+
 def _norm_enum(value: Any, what: str) -> Any:
     # YAML 1.1 reads an unquoted NO / no as false
     if value is False and what in ("distributed_type", "mixed_precision", "dynamo_backend", "downcast_bf16"):
@@ -260,7 +267,7 @@ def _check(tree: dict, table: dict, report: ImportReport, pm, config_model) -> N
 
 
 def import_file(path: str, pm=None) -> tuple[dict[str, Any], ImportReport]:
-    data = load_yaml_file(path)
+    data = load_yaml_file(path, equal_repeats=True)  # as Accelerate's files are read (accelerate_config_file)
     if "distributed_type" not in data and "compute_environment" not in data:
         raise ConfigError(f"'{path}' does not look like an Accelerate config (no distributed_type or "
                           f"compute_environment key)")

@@ -51,7 +51,6 @@ MODULES = {
     "accelerate.commands.estimate": "torchbay.compat.config_commands",
     "accelerate.commands.launch": "torchbay.compat.commands",
     "accelerate.commands.test": "torchbay.compat.config_commands",
-    "accelerate.commands.to_fsdp2": "torchbay_fsdp.to_fsdp2",  # the plugin's (an ImportError without it)
     "accelerate.data_loader": "torchbay.data.loader",
     "accelerate.hooks": "torchbay.compat.hooks",
     "accelerate.launchers": "torchbay.launch.notebook",
@@ -63,7 +62,15 @@ MODULES = {
     "accelerate.state": "torchbay.state",
     "accelerate.tracking": "torchbay.tracking",
     "accelerate.utils": "torchbay.utils",
+    "accelerate.utils.launch": "torchbay.compat.launch_helpers",  # (accelerate.utils' other names through it)
 }
+
+#: Accelerate's command modules whose command a plugin serves, by that command: the module named by the plugin's
+#: accelerate.yaml (``api: commands``) answers for it (:mod:`torchbay.compat.plugin_commands` finds it); without
+#: that plugin, the module's names import as placeholders saying which distribution to install
+PLUGIN_COMMAND_MODULES = {"accelerate.commands.to_fsdp2": "to-fsdp2", "accelerate.commands.tpu": "tpu-config"}
+#: the torchbay module that tells which plugin module answers for one of :data:`PLUGIN_COMMAND_MODULES`
+PLUGIN_COMMANDS = "torchbay.compat.plugin_commands"
 
 #: Accelerate's logger -> the torchbay module that logs what Accelerate logs there (when the two
 #: differ from the module mapping above): a script listening on Accelerate's logger hears torchbay's
@@ -80,12 +87,14 @@ LIBRARY_NAMES = "compat/resources/library_names.yaml"
 @functools.lru_cache(maxsize=1)
 def served_modules() -> dict[str, str]:
     """:data:`MODULES` and accelerate.utils' own modules, each answered by torchbay.utils (which serves every
-    accelerate.utils name); their names are listed in compat/resources/library_names.yaml."""
+    accelerate.utils name) unless :data:`MODULES` names another; their names are listed in
+    compat/resources/library_names.yaml."""
     from torchbay.compat import surface
     from torchbay.config.files import read_packaged_yaml
 
     submodules = read_packaged_yaml("torchbay", LIBRARY_NAMES)["utils_submodules"]
-    served = {**MODULES, **{f"accelerate.utils.{name}": "torchbay.utils" for name in submodules}}
+    served = {**{f"accelerate.utils.{name}": "torchbay.utils" for name in submodules}, **MODULES,  # MODULES' win
+              **dict.fromkeys(PLUGIN_COMMAND_MODULES, PLUGIN_COMMANDS)}
     for module in surface.modules():  # the rest of Accelerate's modules: their nearest served parent answers
         parent = module
         while parent not in served and "." in parent:
@@ -115,9 +124,12 @@ def served_version() -> str:
 class _StandIn(types.ModuleType):
     """An ``accelerate`` module whose names are read from a torchbay module."""
 
-    def __init__(self, name: str, target: str):
+    def __init__(self, name: str, target: str, advice: str | None = None):
         super().__init__(name)
         self.__dict__["_torchbay_target"] = target
+        self.__dict__["_torchbay_advice"] = advice  # why its unserved names are placeholders, when known
+        self.__dict__["_torchbay_replaced"] = {}  # name -> the torchbay object an assignment here replaced
+        self.__dict__["_taken_from_target"] = set()  # names deleted from the target through here
         self.__path__ = []  # a package: its submodules are found by the finder
         if name == "accelerate":
             self.__version__ = served_version()
@@ -131,25 +143,40 @@ class _StandIn(types.ModuleType):
             from torchbay.compat import surface
 
             # a name of Accelerate's surface that torchbay does not serve imports as a placeholder saying why
-            value = surface.answer(self.__name__, name, _advice(missing))
+            value = surface.answer(self.__name__, name, self.__dict__["_torchbay_advice"] or _advice(missing))
             if value is surface.MISSING:
                 raise AttributeError(_reason(self.__name__, name, missing), name=name, obj=self) from None
             return value
 
     def __setattr__(self, name: str, value) -> None:
         """A library that patches an Accelerate function (``accelerate.big_modeling.check_device_map = ...``)
-        patches the torchbay function that answers for it, as it would patch Accelerate's own module."""
+        patches the torchbay function that answers for it, as it would patch Accelerate's own module (and puts it
+        back there: ``unittest.mock.patch`` deletes, then sets the original)."""
         target = importlib.import_module(self._torchbay_target) if not name.startswith("__") else None
-        if target is not None and name in vars(target) and not isinstance(value, types.ModuleType):
+        if target is not None and (name in vars(target) or name in self._taken_from_target) \
+                and not isinstance(value, types.ModuleType):
+            self._taken_from_target.discard(name)
+            replaced = self.__dict__["_torchbay_replaced"]
+            if name in vars(target):
+                replaced.setdefault(name, vars(target)[name])
+            if replaced.get(name) is value:  # put back
+                del replaced[name]
             setattr(target, name, value)
         else:
             super().__setattr__(name, value)
 
     def __delattr__(self, name: str) -> None:
+        """Deleting a name assigned through the stand-in brings back the torchbay object it replaced:
+        ``unittest.mock.patch("accelerate.x.name")`` ends so (it deletes what it set on a module that did not hold
+        the name itself), and Accelerate's own module would then hold its function again."""
+        replaced = self.__dict__["_torchbay_replaced"]
         if name in self.__dict__:
             super().__delattr__(name)
+        elif name in replaced:
+            setattr(importlib.import_module(self._torchbay_target), name, replaced.pop(name))
         else:
             delattr(importlib.import_module(self._torchbay_target), name)
+            self._taken_from_target.add(name)
 
     def __dir__(self):
         return sorted(set(dir(importlib.import_module(self._torchbay_target))) | set(self.__dict__))
@@ -175,11 +202,12 @@ def _reason(module: str, name: str, missing: AttributeError) -> str:
 
 
 class _StandInLoader(importlib.abc.Loader):
-    def __init__(self, target: str):
+    def __init__(self, target: str, advice: str | None = None):
         self.target = target
+        self.advice = advice
 
     def create_module(self, spec):
-        return _StandIn(spec.name, self.target)
+        return _StandIn(spec.name, self.target, self.advice)
 
     def exec_module(self, module) -> None:
         importlib.import_module(self.target)  # fail at import time if the target is broken
@@ -211,8 +239,12 @@ class AccelerateFinder(importlib.abc.MetaPathFinder):
             return _real_spec(fullname)
         modules = served_modules()
         if fullname in modules:
-            spec = importlib.machinery.ModuleSpec(fullname, _StandInLoader(modules[fullname]), is_package=True,
-                                                  origin=_origin(fullname, modules[fullname]))
+            target, advice = modules[fullname], None
+            if target == PLUGIN_COMMANDS:  # the plugin's module, when a plugin serves that command
+                target, advice = importlib.import_module(PLUGIN_COMMANDS).accelerate_module_target(
+                    PLUGIN_COMMAND_MODULES[fullname])
+            spec = importlib.machinery.ModuleSpec(fullname, _StandInLoader(target, advice), is_package=True,
+                                                  origin=_origin(fullname, target))
             spec.has_location = True  # ``accelerate.__file__`` is a file, as a package's is
             return spec
         parent, _, name = fullname.rpartition(".")

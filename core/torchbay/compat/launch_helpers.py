@@ -4,7 +4,11 @@ They take what ``accelerate launch`` parsed (an ``argparse.Namespace`` with Acce
 what Accelerate gives: a worker environment and a command line. The environment is torchbay's own, from the same
 plan ``torchbay launch`` makes (``torchbay.launch.plan.prepare``): the resolved config every worker reads, and each
 device plugin's variables. ``write_basic_config`` writes Accelerate's basic config file, which ``accelerate launch``
-and ``torchbay launch --config-file`` both read.
+and ``torchbay launch --config-file`` both read. A config with ``mpirun_config`` (``mpirun_hostfile``) gives the
+``mpirun`` command line of the MPI installed here; ``--cpu`` gives the Intel OpenMP variables Accelerate gives.
+
+This module is ``accelerate.utils.launch`` under the switch (a test patching ``accelerate.utils.launch.which``
+patches the ``which`` used here); its other names are ``accelerate.utils``'s (module ``__getattr__``).
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ import json
 import logging
 import os
 import socket
+import subprocess
 import sys
+from shutil import which
 from typing import Any
 
-from torchbay.errors import ConfigError
+from torchbay.errors import ConfigError, LaunchError
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +32,21 @@ logger = logging.getLogger(__name__)
 FORBIDDEN_IN_ENV = (";", "\n", "<", ">", " ")
 #: the port torch's static rendezvous uses when none is given
 DEFAULT_PORT = 29500
+#: the Intel OpenMP variables a ``--cpu`` launch gives its processes (a value already set is kept)
+CPU_OPENMP_ENV = {"KMP_AFFINITY": "granularity=fine,compact,1,0", "KMP_BLOCKTIME": "1"}
+#: how each MPI spells (hostfile, processes per machine, total processes) and what it adds; the key is what its
+#: ``--version`` says (None: any other, Intel MPI and MVAPICH spelling them alike)
+MPIRUN_SPELLINGS = {b"Open MPI": ("--hostfile", "--npernode", "-n", ["--bind-to", "socket"]),
+                    None: ("-f", "-ppn", "-n", [])}
+
+
+def __getattr__(name: str) -> Any:
+    """``accelerate.utils.launch``'s other names are ``accelerate.utils``' (torchbay.utils answers them)."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    import torchbay.utils
+
+    return getattr(torchbay.utils, name)
 
 
 def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
@@ -67,15 +88,21 @@ def _settings(args: argparse.Namespace, num_processes: int | None) -> dict[str, 
 
 def _worker_env(args: argparse.Namespace, num_processes: int | None) -> dict[str, str]:
     """The environment ``torchbay launch`` would give each worker for ``args`` (the current environment, then
-    torchbay's variables)."""
+    torchbay's variables); an Accelerate config file is read as ``torchbay launch`` reads it."""
+    from torchbay.compat.accelerate_config_file import remove_imported_config, with_torchbay_config
     from torchbay.config.resolve import resolve_config
     from torchbay.launch.plan import prepare
     from torchbay.plugin.manager import get_plugin_manager
 
     pm = get_plugin_manager()
     environ = {k: v for k, v in os.environ.items() if k != "TORCHBAY_RESOLVED_CONFIG"}
-    resolved = resolve_config(file=getattr(args, "config_file", None), environ=environ,
-                              cli=_settings(args, num_processes), pm=pm)
+    config_file = getattr(args, "config_file", None)
+    imported = with_torchbay_config(["--config_file", config_file])[1] if config_file else None
+    try:
+        resolved = resolve_config(file=imported or config_file, environ=environ, cli=_settings(args, num_processes),
+                                  pm=pm)
+    finally:
+        remove_imported_config(imported)
     _, _, env = prepare(resolved, pm, environ=environ)
     return {**os.environ, **env}
 
@@ -99,14 +126,39 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
-    """``(command, environment)`` for a single-process launch of ``args.training_script``."""
+    """``(command, environment)`` for a single-process launch of ``args.training_script``, or for the ``mpirun``
+    of ``args.mpirun_hostfile`` (every process of the job)."""
     script = getattr(args, "training_script", None)
     if not script:
         raise ConfigError("nothing to launch: args.training_script is empty (accelerate launch SCRIPT)")
-    cmd = [] if getattr(args, "no_python", False) else [sys.executable, *(["-m"] if getattr(args, "module", False)
-                                                                          else [])]
+    mpirun = _mpirun_command(args)
+    cmd = [*mpirun, *([] if getattr(args, "no_python", False) else
+                      [sys.executable, *(["-m"] if getattr(args, "module", False) else [])])]
     cmd += [script, *getattr(args, "training_script_args", [])]
-    return cmd, _worker_env(args, 1)
+    env = _worker_env(args, int(getattr(args, "num_processes", None) or 1) if mpirun else 1)
+    if getattr(args, "cpu", False) or getattr(args, "use_cpu", False):
+        env = {**CPU_OPENMP_ENV, **env}
+    return cmd, env
+
+
+def _mpirun_command(args: argparse.Namespace) -> list[str]:
+    """``mpirun HOSTFILE-FLAG FILE PER-MACHINE-FLAG N [TOTAL-FLAG M]...`` for ``args.mpirun_hostfile``, in the
+    spelling of the MPI installed here; [] without a hostfile."""
+    hostfile = getattr(args, "mpirun_hostfile", None)
+    if not hostfile:
+        return []
+    program = next((name for name in ("mpirun", "mpiexec") if which(name)), None)
+    if program is None:
+        raise LaunchError(f"mpirun_hostfile {hostfile} asks for an mpirun launch, and neither mpirun nor mpiexec is "
+                          "on PATH: install Open MPI, Intel MPI or MVAPICH, or remove mpirun_config from the config "
+                          "to launch with torchrun")
+    said = subprocess.check_output([program, "--version"])
+    hostfile_flag, per_machine_flag, total_flag, extra = next(
+        spelling for family, spelling in MPIRUN_SPELLINGS.items() if family is None or family in said)
+    total = int(getattr(args, "num_processes", None) or 0)
+    machines = int(getattr(args, "num_machines", None) or 0)
+    cmd = [program, hostfile_flag, str(hostfile), per_machine_flag, str(total // machines if total and machines else 1)]
+    return cmd + ([total_flag, str(total)] if total else []) + extra
 
 
 def write_basic_config(mixed_precision: str = "no", save_location: str | None = None) -> str | bool:

@@ -56,6 +56,11 @@ def _table() -> dict[str, Any]:
     return _merged[2]
 
 
+def api_table() -> dict[str, Any]:
+    """The merged API table (the core's ``accelerate_api.yaml`` and every installed plugin's ``api`` part)."""
+    return _table()
+
+
 def _registries() -> dict[str, dict[str, Any]]:
     return get_plugin_manager().registries()
 

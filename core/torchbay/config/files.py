@@ -47,35 +47,42 @@ def read_text_file(path: str | os.PathLike, what: str = "config file",
 
 
 @functools.lru_cache(maxsize=None)
-def _unique_key_loader() -> type:
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (YAML would keep the last)."""
+def _unique_key_loader(equal_repeats: bool = False) -> type:
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (YAML would keep the last); with
+    ``equal_repeats``, a key repeated with an equal value (which means one thing) is read once."""
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
             seen: dict[Any, Any] = {}
-            for key_node, _ in node.value:
+            for key_node, value_node in node.value:
                 key = self.construct_object(key_node, deep=True)
                 try:
                     first = seen.get(key)
                 except TypeError:  # an unhashable key: SafeLoader reports it
                     continue
-                if first is not None:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key '{key}' on lines {first.start_mark.line + 1} and "
-                        f"{key_node.start_mark.line + 1}; keep one of them", key_node.start_mark)
-                seen[key] = key_node
+                if first is None:
+                    seen[key] = (key_node, value_node)
+                    continue
+                first_key, first_value = first
+                if equal_repeats and self.construct_object(first_value, deep=True) == \
+                        self.construct_object(value_node, deep=True):
+                    continue
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key '{key}' on lines {first_key.start_mark.line + 1} and "
+                    f"{key_node.start_mark.line + 1}; keep one of them", key_node.start_mark)
             return super().construct_mapping(node, deep=deep)
 
     return UniqueKeyLoader
 
 
-def parse_yaml(text: str, name: str) -> Any:
-    """Parse YAML text; errors, duplicate keys included, are one :class:`ConfigError` line."""
+def parse_yaml(text: str, name: str, equal_repeats: bool = False) -> Any:
+    """Parse YAML text; errors, duplicate keys included, are one :class:`ConfigError` line (``equal_repeats``: a key
+    repeated with an equal value is no error)."""
     import yaml
 
     try:
-        return yaml.load(text, Loader=_unique_key_loader())
+        return yaml.load(text, Loader=_unique_key_loader(equal_repeats))
     except yaml.constructor.ConstructorError as exc:
         if exc.problem and exc.problem.startswith("duplicate key"):
             raise ConfigError(f"{name}: {exc.problem}") from None
@@ -92,9 +99,11 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def load_yaml_file(path: str | os.PathLike) -> dict[str, Any]:
+def load_yaml_file(path: str | os.PathLike, equal_repeats: bool = False) -> dict[str, Any]:
+    """A YAML file's mapping; a key given twice is an error (with ``equal_repeats``: only with another value, as an
+    Accelerate file may repeat a key that Accelerate's reader keeps the last of)."""
     text = read_text_file(path)
-    data = parse_yaml(text, f"config file '{path}'")
+    data = parse_yaml(text, f"config file '{path}'", equal_repeats)
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -32,6 +32,8 @@ _SOURCES = {
     "torchbay.plugin.fragments": ["read_fragment"],
     "torchbay.cli.options": ["add_section_options"],
     "torchbay.distributed.parallelism_config": ["ParallelismConfig", "MESH_ORDER"],
+    # Accelerate's config files as torchbay reads them (for an `accelerate` command a plugin serves; API 1.2)
+    "torchbay.compat.accelerate_config_file": ["load_config_from_file", "default_config_file"],
     # checkpoints: safe loading, the files a save wrote, publishing a model folder
     "torchbay.checkpoint.safe_load": ["safe_torch_load", "dcp_load", "dcp_load_full"],
     "torchbay.checkpoint.files": ["file_record", "fsync_dir", "dcp_files_of_rank"],

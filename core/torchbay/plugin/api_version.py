@@ -12,7 +12,9 @@ is loaded silently.
 
 History: 1.0 (round 3); 1.1 adds :class:`~torchbay.plugin.LazyClass` (a registration hook may name a class by its
 import path, so that a run that does not select it never imports it), ``StagingBuffer`` (the host copy an
-asynchronous save reuses) and ``Strategy.release_checkpoint_staging``.
+asynchronous save reuses) and ``Strategy.release_checkpoint_staging``; 1.2 adds ``load_config_from_file`` and
+``default_config_file`` (Accelerate's config files as torchbay reads them, for an ``accelerate`` command a plugin
+serves: its accelerate.yaml's ``api: commands``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 #: (major, minor) of the plugin contract this torchbay implements
-API_VERSION = (1, 1)
+API_VERSION = (1, 2)
 #: the module attribute a plugin declares its version in
 DECLARATION = "TORCHBAY_PLUGIN_API"
 

@@ -15,6 +15,7 @@ from importlib import resources
 #: the kinds of name in the catalog
 DEVICE, STRATEGY, FP8_ENGINE, TRACKER, SECTION = "device", "strategy", "fp8 engine", "tracker", "config section"
 LAUNCH_SWITCH = "accelerate launch switch"  # e.g. --use_deepspeed
+ACCELERATE_COMMAND = "accelerate command"  # an `accelerate` subcommand a plugin serves (its accelerate.yaml)
 
 
 @functools.lru_cache(maxsize=None)

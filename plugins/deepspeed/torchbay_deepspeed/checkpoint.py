@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from torchbay.errors import CheckpointError
+from torchbay.plugin import read_manifest
 from torchbay_deepspeed.engine import CHECKPOINT_TAG, EngineRecord, ds_accelerator_env
+from torchbay_deepspeed.safe_checkpoint import check_every_file, install_safe_loader
 
 
 class DeepSpeedCheckpoint:
@@ -33,8 +39,6 @@ class DeepSpeedCheckpoint:
 
     def synchronous_checkpoint_reason(self) -> str:
         """Why ``save_state(blocking=False)`` is synchronous with DeepSpeed (docs/checkpoint-guarantees.md, 6)."""
-        import sys
-
         version = getattr(sys.modules.get("deepspeed"), "__version__", "")
         engines = sorted({type(rec.engine.checkpoint_engine).__name__ for rec in self.records
                           if rec.engine is not None and getattr(rec.engine, "checkpoint_engine", None) is not None})
@@ -68,9 +72,6 @@ class DeepSpeedCheckpoint:
 
     def load_checkpoint(self, directory: Path, models: list, optimizers: list, io, read: Any = None, *,
                         owners: list[int | None] | None = None) -> None:
-        from torchbay.plugin import read_manifest
-        from torchbay_deepspeed.safe_checkpoint import install_safe_loader
-
         saved_world = read_manifest(directory).get("world_size")
         for i, model in enumerate(models):
             rec = self._record(model)
@@ -109,13 +110,6 @@ class DeepSpeedCheckpoint:
 
         Written beside the checkpoint (every node sees it), never inside it, and removed after loading.
         """
-        import shutil
-        import subprocess
-        import sys
-        import tempfile
-
-        from torchbay_deepspeed.safe_checkpoint import check_every_file
-
         workdir, error = "", ""
         if self.rank == 0:
             try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from torchbay.plugin import MemoryEstimate, Strategy
 from torchbay_deepspeed import auto_values
 from torchbay_deepspeed import config as dsconfig
 from torchbay_deepspeed.checkpoint import DeepSpeedCheckpoint
+from torchbay_deepspeed.compat import DeepSpeedPlugin
 from torchbay_deepspeed.engine import DS_ACCELERATORS, EngineRecord, _param_ids, ds_accelerator_env, import_deepspeed
 from torchbay_deepspeed.objects import (
     DeepSpeedSchedulerWrapper,
@@ -36,6 +38,7 @@ from torchbay_deepspeed.objects import (
     PendingEngine,
 )
 from torchbay_deepspeed.precision import DeepSpeedPrecision
+from torchbay_deepspeed.safe_checkpoint import install_safe_loader
 from torchbay_deepspeed.step import DeepSpeedStep
 
 log = logging.getLogger("torchbay.deepspeed")
@@ -77,8 +80,6 @@ class DeepSpeedStrategy(DeepSpeedStep, DeepSpeedCheckpoint, Strategy):
     @classmethod
     def check(cls, context) -> list[str]:
         problems = super().check(context)
-        import importlib.util
-
         if importlib.util.find_spec("deepspeed") is None:
             problems.append("strategy 'deepspeed' needs the deepspeed library: pip install deepspeed")
         torch_type = context.device_backend_cls.torch_type()
@@ -134,8 +135,6 @@ class DeepSpeedStrategy(DeepSpeedStep, DeepSpeedCheckpoint, Strategy):
         """``accelerator.state.deepspeed_plugin``: the user's ``DeepSpeedPlugin``, or for a run configured in
         torchbay's config one made from it (its config is this run's, "auto" values still open)."""
         if self._plugin is None:
-            from torchbay_deepspeed.compat import DeepSpeedPlugin
-
             config = copy.deepcopy(self.base_config)
             config.pop("zero_allow_untested_optimizer", None)
             self._plugin = DeepSpeedPlugin(hf_ds_config=config, zero3_init_flag=self.section.zero3_init)
@@ -313,8 +312,6 @@ class DeepSpeedStrategy(DeepSpeedStep, DeepSpeedCheckpoint, Strategy):
         if sched is not None and sched.lr_scheduler_callable is not None:
             kwargs["lr_scheduler"] = sched.lr_scheduler_callable
         engine, _, _, _ = ds.initialize(**kwargs)
-        from torchbay_deepspeed.safe_checkpoint import install_safe_loader
-
         # engine.load_checkpoint called directly (transformers' Trainer does) reads through torchbay's safe loader
         install_safe_loader(engine, self.context.config.checkpoint.allow_unsafe_pickle)
         rec.engine, rec.config, rec.report, rec.has_optimizer = engine, filled, report, has_opt

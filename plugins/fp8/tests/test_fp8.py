@@ -491,3 +491,32 @@ def test_emulated_fp8_compiled_trains_as_uncompiled():
     compiled, which = losses({"enabled": True, "backend": "aot_eager"})
     assert none == [] and which == [["<root>"]]
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=0)
+
+
+def test_accelerates_torchao_helpers_convert_the_same_layers_as_accelerate():
+    pytest.importorskip("torchao", reason="torchao converts the layers")
+    accelerate_ao = pytest.importorskip("accelerate.utils.ao", reason="Accelerate (a dev dependency) is the reference")
+    from torchao.float8.float8_linear import Float8Linear
+
+    import torchbay.utils
+
+    def toy():
+        torch.manual_seed(0)
+        block = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 48),
+                                    torch.nn.Linear(48, 8))
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), block, torch.nn.Linear(8, 32))
+
+    def converted(convert, **kwargs):
+        model = toy()
+        convert(model, **kwargs)
+        return [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
+
+    ours, theirs = converted(torchbay.utils.convert_model_to_fp8_ao), converted(accelerate_ao.convert_model_to_fp8_ao)
+    assert ours == theirs == ["1.0", "1.2"]  # not the first nor the last Linear; 48 -> 8 is no multiple of 16
+    only_first = dict(module_filter_func=lambda module, fqn: fqn == "0")
+    assert converted(torchbay.utils.convert_model_to_fp8_ao, **only_first) == ["0"]
+    assert torchbay.utils.find_first_last_linear_layers(toy()) == accelerate_ao.find_first_last_linear_layers(toy())
+    model = toy()
+    assert not torchbay.utils.has_ao_layers(model)
+    torchbay.utils.convert_model_to_fp8_ao(model)
+    assert torchbay.utils.has_ao_layers(model) and accelerate_ao.has_ao_layers(model)

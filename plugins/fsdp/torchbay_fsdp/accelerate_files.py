@@ -23,13 +23,17 @@ a check or a write that fails on one rank is raised on all of them.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 import zipfile
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from torchbay.errors import CheckpointError, ConfigError, TorchbayError
+from torchbay.plugin import dcp_load, file_record, fsync_dir, safe_torch_load
 
 MODEL_NAME = "pytorch_model_fsdp"  # Accelerate's FSDP_MODEL_NAME
 OPTIMIZER_NAME = "optimizer"  # Accelerate's OPTIMIZER_NAME
@@ -72,10 +76,6 @@ def _dcp_entries(folder: Path) -> dict[str, int]:
 
 def dcp_folder_is_own(folder: Path) -> bool:
     """Whether ``folder`` holds exactly the DCP files torchbay-fsdp wrote there, unchanged since."""
-    import json
-
-    from torchbay.plugin import file_record
-
     try:
         mark = json.loads((folder / DCP_MARK).read_text(encoding="utf-8"))
         others = [p.name for p in folder.iterdir() if not p.is_file()]
@@ -149,10 +149,6 @@ class AccelerateFiles:
 
     def _save_file(self, obj: Any, path: Path) -> None:
         """``torch.save`` under a temporary name (its records named ``torchbay_fsdp...``), fsync, rename."""
-        import torch
-
-        from torchbay.plugin import fsync_dir
-
         temp = path.parent / f"{OWN_ARCHIVE}-{uuid.uuid4().hex[:12]}.partial"
         try:
             torch.save(obj, temp)
@@ -267,8 +263,6 @@ class AccelerateFiles:
 
     # -- files ---------------------------------------------------------------------------
     def _read_file(self, path: Path, what: str) -> dict:
-        from torchbay.plugin import safe_torch_load
-
         trusted = bool(getattr(self.strategy.context.config.checkpoint, "allow_unsafe_pickle", False))
         return safe_torch_load(path, what, trusted=trusted)
 
@@ -289,10 +283,6 @@ class AccelerateFiles:
 
     @staticmethod
     def _mark(folder: Path) -> None:
-        import json
-
-        from torchbay.plugin import file_record, fsync_dir
-
         mark = {"writer": "torchbay-fsdp", "files": _dcp_entries(folder),
                 "metadata_xxh3_128": file_record(folder / ".metadata", sync=False)["xxh3_128"]}
         temp = folder / f"{DCP_MARK}.{uuid.uuid4().hex[:12]}.partial"
@@ -301,7 +291,5 @@ class AccelerateFiles:
         fsync_dir(folder)
 
     def _load_dcp(self, state: dict, folder: Path) -> dict:
-        from torchbay.plugin import dcp_load
-
         trusted = bool(getattr(self.strategy.context.config.checkpoint, "allow_unsafe_pickle", False))
         return dcp_load(state, folder, trusted=trusted)

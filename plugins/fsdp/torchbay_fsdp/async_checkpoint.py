@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 
 from torchbay.errors import CheckpointError
-from torchbay.plugin import StagingBuffer
+from torchbay.plugin import StagingBuffer, dcp_files_of_rank
 
 
 class ShardStaging(StagingBuffer):
@@ -129,8 +129,6 @@ class AgreedStart:
     def start(self, group: Callable[[str], Any], after: Callable[[], list[str]]) -> Callable[[], list[str]]:
         """One writer thread per staged state, if every rank staged all of its; the function that waits for them."""
         import torch.distributed.checkpoint as dcp
-
-        from torchbay.plugin import dcp_files_of_rank
 
         if self.error is not None:
             raise self.error

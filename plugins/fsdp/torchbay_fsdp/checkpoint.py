@@ -11,21 +11,14 @@ import torch
 import torch.distributed as dist
 
 from torchbay.errors import CheckpointError
-from torchbay.plugin import optimizer_owners
+from torchbay.plugin import dcp_files_of_rank, dcp_load, optimizer_owners
+from torchbay_fsdp.accelerate_files import AccelerateFiles
+from torchbay_fsdp.accelerate_plugin import FullyShardedDataParallelPlugin
+from torchbay_fsdp.async_checkpoint import AgreedStart, HostStaging
+from torchbay_fsdp.layout import INFO_FILE, model_dir, optimizer_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.plugin import CheckpointIO
-
-
-INFO_FILE = "fsdp_checkpoint.json"
-
-
-def model_dir(i: int) -> str:
-    return f"fsdp_model_{i}"
-
-
-def optimizer_dir(i: int) -> str:
-    return f"fsdp_optimizer_{i}"
 
 
 class FSDPCheckpoint:
@@ -44,8 +37,6 @@ class FSDPCheckpoint:
     def accelerate_state_objects(self) -> dict[str, Any]:
         """``accelerator.state.fsdp_plugin``: the user's ``FullyShardedDataParallelPlugin`` (its unset fields
         filled from the ``fsdp`` section), or one built from the section."""
-        from torchbay_fsdp.compat import FullyShardedDataParallelPlugin
-
         if self._accelerate_plugin is None:
             given = self.context.plugin_objects.get("fsdp_plugin")
             if isinstance(given, FullyShardedDataParallelPlugin):
@@ -56,8 +47,6 @@ class FSDPCheckpoint:
         return {"fsdp_plugin": self._accelerate_plugin}
 
     def _accelerate_files(self):
-        from torchbay_fsdp.accelerate_files import AccelerateFiles
-
         return AccelerateFiles(self)
 
     def save_accelerate_model(self, plugin, model, output_dir, index: int = 0, **kwargs) -> None:
@@ -89,8 +78,6 @@ class FSDPCheckpoint:
         """Every rank writes its own shards of each model and optimizer (torch.distributed.checkpoint)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-        from torchbay.plugin import dcp_files_of_rank
 
         written: list[str] = []
         for i, model in enumerate(models):
@@ -131,8 +118,6 @@ class FSDPCheckpoint:
         (:mod:`torchbay_fsdp.async_checkpoint`)."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-        from torchbay_fsdp.async_checkpoint import AgreedStart, HostStaging
-
         groups = self.__dict__.setdefault("_checkpoint_groups", {})
 
         def group(stem: str):  # one per DCP save: the saves run at once, each in its own thread
@@ -169,8 +154,6 @@ class FSDPCheckpoint:
             set_model_state_dict,
             set_optimizer_state_dict,
         )
-
-        from torchbay.plugin import dcp_load
 
         sharded = [(directory / model_dir(i) / ".metadata").exists() for i in range(len(models))]
         for i, is_sharded in enumerate(sharded):  # check every part before changing anything

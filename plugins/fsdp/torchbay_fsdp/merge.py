@@ -9,7 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from torchbay.errors import CheckpointError
+from torchbay.plugin import dcp_load_full, publish_model
+from torchbay_fsdp.layout import INFO_FILE, model_dir
 
 
 def register(subparsers) -> None:
@@ -32,8 +36,6 @@ def _run(args) -> int:
 
 
 def find_model_dir(checkpoint_dir: str | Path, model_index: int = 0) -> Path:
-    from torchbay_fsdp.checkpoint import INFO_FILE, model_dir
-
     root = Path(checkpoint_dir)
     if (root / ".metadata").exists():
         return root
@@ -48,20 +50,12 @@ def find_model_dir(checkpoint_dir: str | Path, model_index: int = 0) -> Path:
 
 def load_full_state_dict(checkpoint_dir: str | Path, model_index: int = 0) -> dict:
     """The full model state dict of a sharded checkpoint, read in this one process."""
-    import torch
-
-    from torchbay.plugin import dcp_load_full
-
     state = dcp_load_full(find_model_dir(checkpoint_dir, model_index))
     return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
 def merge_weights(checkpoint_dir: str | Path, output_dir: str | Path, model_index: int = 0,
                   max_shard_size: str = "5GB") -> list[str]:
-    import torch
-
-    from torchbay.plugin import publish_model
-
     state = load_full_state_dict(checkpoint_dir, model_index)
     fields = {"merged_from": str(Path(checkpoint_dir).absolute()), "torch_version": torch.__version__}
     return publish_model(state, Path(output_dir), max_shard_size, fields, "merge-weights")

@@ -9,9 +9,13 @@ FSDP shards over), ``dp_cp`` (what the loss is averaged over).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
+import torch
+
 from torchbay.plugin import MESH_ORDER
+from torchbay_fsdp.tensor_parallel import check_styles
 
 WHERE = "parallelism"
 
@@ -26,8 +30,6 @@ def sizes_of(section: Any, world_size: int) -> dict[str, int]:
 
 def check(config: Any, world_size: int, device_type: str) -> list[str]:
     """Problems with the ``parallelism`` section for ``strategy: fsdp`` (no process group, no model)."""
-    from torchbay_fsdp.tensor_parallel import check_styles
-
     section = getattr(config, WHERE)
     explicit = any(getattr(section, f"{n}_size") > 1 for n in MESH_ORDER)
     sizes = sizes_of(section, world_size)
@@ -55,8 +57,6 @@ def check(config: Any, world_size: int, device_type: str) -> list[str]:
 
 
 def _torch_version() -> str:
-    import torch
-
     return torch.__version__.split("+")[0]
 
 
@@ -88,8 +88,6 @@ def build_mesh(device_type: str, sizes: dict[str, int]):
 
 def sub_mesh(mesh: Any, names: list[str] | tuple[str, ...]):
     """``mesh[names]`` (one name or several), without torch's slicing warning."""
-    import warnings
-
     with warnings.catch_warnings():  # slicing by a flattened name warns in torch 2.13 (still supported)
         warnings.simplefilter("ignore")
         return mesh[names[0]] if len(names) == 1 else mesh[tuple(names)]

@@ -1,14 +1,20 @@
 """The torchbay-fsdp plugin module (entry point ``fsdp`` in group ``torchbay``).
 
 Cheap to import: it imports neither ``torch.distributed.fsdp`` nor
-``torch.distributed.checkpoint`` (the strategy imports them when it is built).
+``torch.distributed.checkpoint`` (the strategy imports them when it is built), nor the strategy
+(named by a :class:`~torchbay.plugin.LazyClass`) nor the ``merge-weights`` command (imported when the
+CLI asks for the plugin's commands): the plugin manager imports this module in every torchbay process.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+
+import torch
 
 from torchbay.plugin import LazyClass, add_section_options, hookimpl
+from torchbay_fsdp import __version__
 from torchbay_fsdp.config import FSDPConfig, ParallelismSection
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
@@ -32,8 +38,6 @@ _FLAGS = {
 
 def _tp_plan(value: str) -> dict:
     """``PATTERN=STYLE[,PATTERN=STYLE...]`` (or a JSON object) -> a plan."""
-    import json
-
     if value.strip().startswith("{"):
         return json.loads(value)
     plan = {}
@@ -83,21 +87,14 @@ def _add_parallel_flags(parser) -> None:
 
 @hookimpl
 def torchbay_add_commands(subparsers):
-    from torchbay_fsdp.merge import register
+    from torchbay_fsdp.merge import register  # the command's module loads the checkpoint machinery: CLI only
 
     register(subparsers)
 
 
 @hookimpl
 def torchbay_report_env():
-    import torch
-
-    return {"fsdp": f"torchbay-fsdp {_version()}: FSDP2 (fully_shard) with torch {torch.__version__}; "
+    return {"fsdp": f"torchbay-fsdp {__version__}: FSDP2 (fully_shard) with torch {torch.__version__}; "
                     f"FSDP1 needs an accelerator; N-D parallelism: dp_replicate (HSDP), dp_shard, tp, cp "
                     f"(cp needs an accelerator)"}
 
-
-def _version() -> str:
-    from torchbay_fsdp import __version__
-
-    return __version__

@@ -1,26 +1,29 @@
 """The ``fsdp`` strategy: FSDP2 (``fully_shard``) by default, FSDP1 as ``fsdp.version: 1``.
 
-``torch.distributed.fsdp`` and ``torch.distributed.checkpoint`` are imported when a
-strategy object is built or used, never when this module is imported (the plugin is
-loaded in every torchbay process, most of which never select it).
+``torch.distributed.fsdp`` and ``torch.distributed.checkpoint`` (seconds to import) are imported when a
+strategy object is built or used, never when this module or the modules it imports are imported: the
+strategy's class is checked in processes that never select it (``torchbay_fsdp.compat`` imports it, and
+transformers' Trainer imports that). torchbay's own modules are imported at module level.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchbay.errors import TorchbayError
-from torchbay.plugin import MemoryEstimate, Strategy
+from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy
+from torchbay_fsdp import parallel
 from torchbay_fsdp.checkpoint import FSDPCheckpoint
+from torchbay_fsdp.tensor_parallel import model_plan, resolve_plan, style_kind
 from torchbay_fsdp.wrap import FSDPWrapping
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.plugin import RunContext
 
-#: the file save_checkpoint writes next to the sharded state (read by ``torchbay merge-weights``)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -36,8 +39,6 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
     # -- validation (no process group, no fsdp import) --------------------------------
     @classmethod
     def check(cls, context: RunContext) -> list[str]:
-        from torchbay_fsdp import parallel
-
         problems = super().check(context)
         s = context.config.fsdp
         device = context.device_backend_cls.torch_type() if context.device_backend_cls else "cpu"
@@ -74,9 +75,7 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
         self._roots: list[torch.nn.Module] = []
         self._mesh = None
         self._flat: dict[str, Any] = {}
-        from torchbay_fsdp.parallel import sizes_of
-
-        self.sizes = sizes_of(context.config.parallelism, self.world_size)
+        self.sizes = parallel.sizes_of(context.config.parallelism, self.world_size)
         self.tp_plans: list[dict] = []  # per wrapped model: module name -> style applied
         self._accelerate_plugin = None  # accelerator.state.fsdp_plugin, built when first asked
 
@@ -85,9 +84,7 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
         """fp32 weights, gradients and Adam's two moments per rank: sharded over dp_shard x cp,
         and the tensor-parallel share (``counts["tp_split"]``: parameters the plan splits,
         all of them when unknown) further divided by tp_size. Replicas (dp_replicate) hold a copy each."""
-        from torchbay_fsdp.parallel import sizes_of
-
-        sizes = sizes_of(getattr(config, "parallelism", None), max(world_size, 1))
+        sizes = parallel.sizes_of(getattr(config, "parallelism", None), max(world_size, 1))
         shard, tp = sizes["dp_shard"] * sizes["cp"], sizes["tp"]
         n, trainable = counts["parameters"], counts.get("trainable", counts["parameters"])
         split = min(counts.get("tp_split", n), n) if tp > 1 else 0
@@ -106,8 +103,6 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
     @classmethod
     def memory_counts(cls, config, model: torch.nn.Module) -> dict[str, int]:
         """``tp_split``: parameters of ``model`` the tensor-parallel plan splits (tp_size > 1)."""
-        from torchbay_fsdp.tensor_parallel import model_plan, resolve_plan, style_kind
-
         tp = config.parallelism.tp_size
         if tp == 1:
             return {}
@@ -136,22 +131,18 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
     def device_mesh(self):
         """The named mesh: dp_replicate, dp_shard, cp, tp (those > 1) and the flattened dp, dp_shard_cp, dp_cp."""
         if self._mesh is None:
-            from torchbay_fsdp.parallel import build_mesh
-
-            self._mesh, self._flat = build_mesh(self.device_backend.torch_type(), self.sizes)
+            self._mesh, self._flat = parallel.build_mesh(self.device_backend.torch_type(), self.sizes)
         return self._mesh
 
     @property
     def mesh(self):
         """The mesh FSDP shards over: (dp_replicate, dp_shard_cp) for HSDP, else dp_shard_cp."""
-        from torchbay_fsdp.parallel import sub_mesh
-
         root = self.device_mesh
         if self.sizes["cp"] == 1:  # dp_shard_cp is dp_shard: slice the root by its own dimensions
-            return sub_mesh(root, [n for n in ("dp_replicate", "dp_shard") if n in root.mesh_dim_names])
+            return parallel.sub_mesh(root, [n for n in ("dp_replicate", "dp_shard") if n in root.mesh_dim_names])
         if self.sizes["dp_replicate"] == 1:
             return self._flat["dp_shard_cp"]
-        return sub_mesh(root, ["dp_replicate", "dp_shard_cp"])
+        return parallel.sub_mesh(root, ["dp_replicate", "dp_shard_cp"])
 
     @property
     def is_fully_sharded_v2(self) -> bool:
@@ -172,8 +163,6 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
 
     @property
     def parallelism_config(self):
-        from torchbay.plugin import ParallelismConfig
-
         config = ParallelismConfig.from_section(self.context.config.parallelism)
         if all(v == 1 for v in config.sizes.values()):
             config = ParallelismConfig(dp_shard_size=self.sizes["dp_shard"])
@@ -257,8 +246,6 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
 def _quiet_redistribute():
     """Reducing a norm over a 2-D (dp, tp) mesh takes two all-reduces, about which torch warns on
     every rank at every step; one scalar per step is not worth the noise."""
-    import logging
-
     logger = logging.getLogger("torch.distributed.tensor._redistribute")
     level = logger.level
     logger.setLevel(logging.ERROR)

@@ -1,5 +1,6 @@
 """``accelerate to-fsdp2`` under the switch: an Accelerate config's FSDP1 ``fsdp_config`` rewritten for FSDP2, into
-a new file (torchbay never writes over a file it did not write, so ``--overwrite`` is refused).
+a new file (torchbay never writes over a file it did not write, so ``--overwrite`` is refused). This plugin serves
+the command and ``accelerate.commands.to_fsdp2`` (its accelerate.yaml, ``api: commands``).
 
 What changes is torchbay's reading of FSDP1 keys (the fsdp plugin's accelerate.yaml): ``fsdp_sharding_strategy`` is
 ``fsdp_reshard_after_forward``; prefetching, flat-parameter and module-state-sync keys have no FSDP2 meaning."""
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -55,8 +56,6 @@ def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 
 def load_config(config_file: str) -> dict[str, Any]:
-    import yaml
-
     try:
         with open(config_file, encoding="utf-8") as handle:
             config = yaml.safe_load(handle)
@@ -71,7 +70,9 @@ def load_config(config_file: str) -> dict[str, Any]:
 
 
 def to_fsdp2_command(args: argparse.Namespace) -> None:
-    if not os.path.exists(args.config_file):
+    """Write the converted config to ``--output_file``, a new file (whether a file exists is asked of
+    :class:`pathlib.Path`, as Accelerate's command does)."""
+    if not Path(args.config_file).exists():
         raise FileNotFoundError(f"Config file {args.config_file} not found")
     if args.overwrite:
         raise ConfigError(f"--overwrite would write over {args.config_file}, which torchbay did not write: give "
@@ -79,13 +80,14 @@ def to_fsdp2_command(args: argparse.Namespace) -> None:
     if args.output_file is None:
         raise ConfigError("give --output_file NEW.yaml (the converted config is written there)",
                           header="accelerate to-fsdp2")
-    if os.path.exists(args.output_file):
+    if Path(args.output_file).exists():
         raise FileExistsError(f"Output file {args.output_file} already exists: torchbay does not write over it")
     config = convert_config_to_fsdp2(load_config(args.config_file))
     with open(args.output_file, "x", encoding="utf-8") as handle:
         yaml.safe_dump(config, handle, sort_keys=False)
 
 
-def to_fsdp2_main(rest: list[str]) -> int:
-    to_fsdp2_command(to_fsdp2_command_parser().parse_args(rest))
+def main(argv: list[str] | None = None) -> int:
+    """``accelerate to-fsdp2 ARGV`` (compat/plugin_commands.py runs it)."""
+    to_fsdp2_command(to_fsdp2_command_parser().parse_args(argv))
     return 0

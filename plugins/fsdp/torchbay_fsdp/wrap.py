@@ -4,17 +4,17 @@ allows), with activation checkpointing, CPU offload and mixed-precision policies
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import sys
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from torchbay.errors import TorchbayError
-
-if TYPE_CHECKING:  # pragma: no cover
-    pass
+from torchbay_fsdp.tensor_parallel import apply_tensor_parallel, model_plan
 
 
 class FSDPWrapping:
@@ -55,8 +55,6 @@ class FSDPWrapping:
         gc.collect()
 
     def is_wrapped(self, model: Any) -> bool:
-        import sys
-
         if "torch.distributed.fsdp" not in sys.modules:
             return False
         from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
@@ -109,8 +107,6 @@ class FSDPWrapping:
 
     def _apply_tensor_parallel(self, model: torch.nn.Module) -> None:
         """The user's plan (parallelism.tp_plan), else the model's own tp_plan / _tp_plan."""
-        from torchbay_fsdp.tensor_parallel import apply_tensor_parallel, model_plan
-
         plan, where = self.context.config.parallelism.tp_plan, "parallelism.tp_plan"
         if not plan:
             plan, where = model_plan(model), f"{type(model).__name__}.tp_plan"
@@ -204,8 +200,6 @@ class FSDPWrapping:
                 dist.broadcast(buf, src=0)
 
     def _wrap_fsdp1(self, model: torch.nn.Module, blocks: list[torch.nn.Module]) -> torch.nn.Module:
-        import functools
-
         from torch.distributed.fsdp import (
             BackwardPrefetch,
             CPUOffload,

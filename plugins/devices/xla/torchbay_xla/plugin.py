@@ -32,7 +32,7 @@ from pydantic import Field
 from torchbay.plugin import DeviceBackend, Section, hookimpl
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
-TORCHBAY_PLUGIN_API = (1, 0)
+TORCHBAY_PLUGIN_API = (1, 2)  # 1.2: tpu_config reads Accelerate's config files
 
 NAME = "xla"
 

@@ -7,7 +7,7 @@ themselves are registered by torchbay-fp8-te, torchbay-fp8-torchao and torchbay-
 
 from __future__ import annotations
 
-from torchbay.plugin import hookimpl
+from torchbay.plugin import add_section_options, hookimpl
 from torchbay_fp8.config import FP8Config
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
@@ -21,8 +21,6 @@ def torchbay_config_sections():
 
 @hookimpl
 def torchbay_add_cli_options(parser, command):
-    from torchbay.plugin import add_section_options
-
     if command == "estimate-memory":  # it estimates every precision; no FP8 setting changes its numbers
         return
     group = parser.add_argument_group("fp8 (mixed_precision: fp8; torchbay-fp8)")

@@ -11,7 +11,7 @@ from typing import Optional
 
 from pydantic import Field
 
-from torchbay.plugin import LazyClass, Section, hookimpl
+from torchbay.plugin import LazyClass, Section, hookimpl, library_version
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
 TORCHBAY_PLUGIN_API = (1, 1)
@@ -38,6 +38,4 @@ def torchbay_config_sections():
 
 @hookimpl
 def torchbay_report_env():
-    from torchbay.plugin import library_version
-
     return {"tensorboard": library_version("tensorboard")}
