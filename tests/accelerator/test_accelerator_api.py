@@ -173,3 +173,27 @@ def test_slurm_and_mpi_environments_are_read(monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0")
     mpi = OpenMPIEnvironment()
     assert OpenMPIEnvironment.detect() and (mpi.rank(), mpi.world_size()) == (2, 4)
+
+
+def test_the_strategy_holds_its_collectives_and_their_works_do_not_pickle():
+    """issue 37 item 4: the collectives and the works they keep are an object the Strategy base holds; its
+    collective methods hand over to it (no-ops in one process)."""
+    import pickle
+    import threading
+
+    from torchbay.distributed.collectives import ProcessCollectives
+
+    acc = Accelerator(cpu=True)
+    strategy = acc.strategy
+    collectives = strategy.collectives
+    assert isinstance(collectives, ProcessCollectives) and collectives.member is strategy
+    assert collectives.keep == type(strategy).held_works and collectives.held == ()
+    tensor = torch.ones(2)
+    assert strategy.all_reduce(tensor) is tensor and strategy.all_gather_object(3) == [3]
+    assert acc.reduce(torch.ones(2)).tolist() == [1.0, 1.0]  # the Accelerator goes through the strategy's methods
+    collectives.held = (threading.Lock(),)  # a kept work does not pickle either: it is left behind
+    copy = pickle.loads(pickle.dumps(strategy))
+    assert copy.collectives.held == () and copy.collectives.member is copy and collectives.held
+    strategy.teardown()
+    assert collectives.held == ()
+    acc.end_training()

@@ -37,17 +37,17 @@ out["objects_gathered"] = [(o["rank"], len(o["text"])) for o in acc.strategy.all
 out["object_broadcast"] = acc.strategy.broadcast_object(mine if acc.process_index == 1 else None, src=1)["rank"]
 acc.wait_for_everyone()
 # every collective's work stays referenced here after the call returns (the oldest is let go), so
-# gloo's thread does not destroy it: see Strategy._wait
+# gloo's thread does not destroy it: see ProcessCollectives.wait
 works = []
 for call in (lambda: acc.gather(rank), lambda: acc.reduce(rank, "sum"), lambda: acc.strategy.broadcast(rank.clone()),
              acc.wait_for_everyone):
     call()
-    works.append(acc.strategy._held[-1])
+    works.append(acc.strategy.collectives.held[-1])
 out["held_works"] = [w is not None and w.is_completed() for w in works]
 out["held_works_distinct"] = len({id(w) for w in works}) == len(works)
-out["held_count"] = len(acc.strategy._held)
+out["held_count"] = len(acc.strategy.collectives.held)
 # as Accelerate pickles one
-out["pickles_with_held_works"] = bool(acc_dispatch.strategy._held) and len(pickle.dumps(acc_dispatch)) > 0
+out["pickles_with_held_works"] = bool(acc_dispatch.strategy.collectives.held) and len(pickle.dumps(acc_dispatch)) > 0
 if acc.is_main_process:
     json.dump(out, open(sys.argv[1], "w"))
 acc.end_training()

@@ -111,6 +111,24 @@ def test_a_plugin_registers_a_tracker_and_its_section(memory_pm, tmp_path):
     acc.end_training()  # finishes them once
 
 
+def test_the_accelerator_holds_the_runs_trackers_and_hands_its_methods_over(memory_pm, tmp_path):
+    """issue 37 item 4: the trackers are a RunTracking the Accelerator holds, not fields of a mixin."""
+    from torchbay.tracking.run import RunTracking
+
+    acc = Accelerator(project_dir=str(tmp_path), log_with="memory")
+    tracking = acc.tracking
+    assert isinstance(tracking, RunTracking) and tracking.phase == "new" and acc.log_with == ["memory"]
+    assert tracking.counters is acc.training_state  # the step log uses is the one save_state saves
+    acc.init_trackers("run")
+    acc.log({"x": 1}, step=4)
+    assert tracking.phase == "started" and acc.trackers == tracking.running == MemoryTracker.created
+    assert acc.tracker_step == tracking.counters.tracker_step == 5
+    assert acc.get_tracker("memory") is tracking.get("memory", main=True)
+    acc.end_training()
+    assert tracking.phase == "finished" and MemoryTracker.created[0].finished
+    assert not any(name.startswith("_tracker") for name in vars(acc))  # no tracker state left on the Accelerator
+
+
 def test_a_tracker_section_sets_its_own_logging_dir(memory_pm, tmp_path):
     own = tmp_path / "elsewhere"
     acc = Accelerator(project_dir=str(tmp_path), log_with="memory", config={"memory": {"logging_dir": str(own)}})

@@ -18,10 +18,11 @@ from torchbay.accelerator.checkpointed import CheckpointedState
 from torchbay.accelerator.prepare import Preparation
 from torchbay.accelerator.process import ProcessControl
 from torchbay.accelerator.state_io import StateSaving, refuse_unsupported
-from torchbay.accelerator.surface import AccelerateSurface, plugin_objects
+from torchbay.accelerator.surface import plugin_objects
 from torchbay.accelerator.surface import translate as translate_accelerate_arguments
 from torchbay.accelerator.tracking import Tracking
 from torchbay.axes.strategy import Strategy
+from torchbay.compat.accelerator_views import AcceleratorViews
 from torchbay.config.handlers import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -44,6 +45,8 @@ from torchbay.process import running
 from torchbay.process.current import describe, set_current, start_device_backend
 from torchbay.process.seeding import set_seed
 from torchbay.process.state import AcceleratorState, DistributedType, distributed_type_for
+from torchbay.tracking.run import RunTracking
+from torchbay.tracking.trackers import split_log_with
 
 #: what ``accumulate`` returns on a micro-batch that syncs (a nullcontext can be entered again and again)
 _SYNC_STEP = contextlib.nullcontext()
@@ -53,7 +56,7 @@ def _explicit_args(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, StateSaving, AccelerateSurface):
+class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, StateSaving, AcceleratorViews):
     """Runs your own training loop on the configured device, strategy and precision.
 
     Arguments left as ``None`` come from the config sources (defaults < YAML file <
@@ -70,7 +73,7 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
                  device_placement: bool | None = None,
                  gradient_accumulation_plugin: GradientAccumulationPlugin | None = None, log_with: Any = None,
                  **accelerate_args: Any):
-        tracker_names, tracker_instances = self._log_with_names(log_with)
+        tracker_names, tracker_instances = split_log_with(log_with)
         sync_each_batch, adjust_scheduler, sync_with_dataloader = False, True, True
         if gradient_accumulation_plugin is not None:
             sync_each_batch = gradient_accumulation_plugin.sync_each_batch
@@ -133,7 +136,7 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
         self._distributed_type = distributed_type_for(self.strategy, self.device_backend)
         self._adopt_state()
         self._setup_checkpointing()  # prepared_objects, training_state and the checkpointer given them
-        self._setup_tracking(tracker_instances)
+        self.tracking = RunTracking(self.context, self.training_state, tracker_instances)
         if self.config.seed is not None:
             set_seed(self.config.seed)
 
@@ -323,12 +326,12 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
     def finish_at_exit(self) -> None:
         """At interpreter exit (process/running.py): flush and close what end_training was not called to close."""
         with contextlib.suppress(Exception):
-            self._finish_trackers()
+            self.tracking.finish()
         self.strategy.teardown(barrier=False)
 
     def _close_trackers_and_group(self) -> None:
         try:
-            self._finish_trackers()
+            self.tracking.finish()
         finally:
             self.strategy.teardown()
             running.stopped(self)

@@ -9,9 +9,15 @@ very lists of ``prepared_objects``; ``save_iteration`` and ``tracker_step`` read
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchbay.checkpoint.inputs import CheckpointServices, PreparedObjects, TrainingState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchbay.axes.checkpoint_io import CheckpointIO
+    from torchbay.config.model import CoreConfig
+    from torchbay.data.gradient_state import GradientState
+    from torchbay.plugin.context import RunContext
 
 
 def _prepared_list(kind: str) -> property:
@@ -41,6 +47,12 @@ def _training_counter(name: str, doc: str) -> property:
 class CheckpointedState:
     """Mixin of :class:`~torchbay.accelerator.accelerator.Accelerator`: owns the prepared objects and the training
     state, and gives them (with the run's selected objects, never the Accelerator) to its checkpointer."""
+
+    # what it reads from the Accelerator (made before ``_setup_checkpointing`` runs)
+    context: RunContext
+    config: CoreConfig
+    checkpoint_io: CheckpointIO
+    gradient_state: GradientState
 
     _models = _prepared_list("models")
     _optimizers = _prepared_list("optimizers")

@@ -12,7 +12,7 @@ strategy names, in place; see :mod:`torchbay.compile.compiler`).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -24,9 +24,31 @@ from torchbay.data.loader import PreparedDataLoader, SkipFirstBatches
 from torchbay.data.prepare import prepare_data_loader
 from torchbay.errors import ConfigError
 
+if TYPE_CHECKING:  # pragma: no cover
+    from torchbay.axes.device import DeviceBackend
+    from torchbay.axes.precision import Precision
+    from torchbay.axes.strategy import Strategy
+    from torchbay.config.model import CoreConfig
+    from torchbay.data.gradient_state import GradientState
+    from torchbay.process.state import AcceleratorState
+
 
 class Preparation:
     """Methods of the Accelerator that turn the user's objects into prepared ones."""
+
+    # what preparing reads from the Accelerator: its selected objects and settings
+    config: CoreConfig
+    state: AcceleratorState
+    device: torch.device
+    device_backend: DeviceBackend
+    strategy: Strategy
+    precision: Precision
+    gradient_state: GradientState
+    # ... and the prepared objects it adds to (Accelerate's names for prepared_objects' lists, checkpointed.py)
+    _models: list[Any]
+    _optimizers: list[PreparedOptimizer]
+    _schedulers: list[PreparedScheduler]
+    _dataloaders: list[Any]
 
     def prepare(self, *objects: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, schedulers and data loaders (any order, any number of calls).

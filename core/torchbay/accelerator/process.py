@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,9 +17,21 @@ from torchbay.data import operations
 from torchbay.process.queries import ProcessQueries
 from torchbay.process.state import PartialState
 
+if TYPE_CHECKING:  # pragma: no cover
+    from torchbay.axes.strategy import Strategy
+    from torchbay.data.gradient_state import GradientState
+    from torchbay.process.state import AcceleratorState
+
 
 class ProcessControl(ProcessQueries):
     """Methods of the Accelerator that need only its strategy (``self.strategy``)."""
+
+    # what they read from the Accelerator
+    strategy: Strategy
+    state: AcceleratorState
+    gradient_state: GradientState
+    device: torch.device
+    _dataloaders: list[Any]  # the prepared data loaders (checkpointed.py)
 
     # -- where am I (read from the shared state, as Accelerate does: after ``AcceleratorState._reset_state()``
     # they raise StateResetError until a new Accelerator or PartialState is made) ----------------------

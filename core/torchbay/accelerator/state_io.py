@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from torch.utils.hooks import RemovableHandle
 
 from torchbay.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchbay.axes.strategy import Strategy
+    from torchbay.checkpoint.checkpointer import StateCheckpointer
 
 
 def refuse_unsupported(method: str, what: Any, why: str) -> None:
@@ -24,6 +28,12 @@ def refuse_unsupported(method: str, what: Any, why: str) -> None:
 
 class StateSaving:
     """Mixin: the checkpoint methods of the Accelerator."""
+
+    # what they read from the Accelerator: the checkpointer and the prepared objects (checkpointed.py)
+    strategy: Strategy
+    _checkpointer: StateCheckpointer
+    _models: list[Any]
+    _custom_objects: list[Any]
 
     def _hooks(self, kind: str) -> OrderedDict:
         return self.__dict__.setdefault(f"_{kind}_model_state_pre_hook", OrderedDict())  # Accelerate's names

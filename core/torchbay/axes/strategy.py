@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from torchbay.checkpoint.full_state import FullStateCheckpoint
 from torchbay.compile.compiler import repeated_blocks
-from torchbay.distributed.collectives import Collectives
+from torchbay.distributed.collectives import ProcessCollectives
 from torchbay.distributed.parallelism_config import parallel_sizes, validate_sizes
 from torchbay.errors import LaunchError
 
@@ -80,11 +80,16 @@ def optimizer_owners(models: list, optimizers: list) -> list[int | None]:
     return owners
 
 
-class Strategy(Collectives, FullStateCheckpoint):
+class Strategy(FullStateCheckpoint):
     """One way of running a model across processes.
 
     Class attributes: ``name`` (``config.strategy`` value), ``multi_process`` (whether it
     can run with more than one process), ``single_process`` (whether it can run with one).
+
+    The collectives are a :class:`~torchbay.distributed.collectives.ProcessCollectives` the strategy holds
+    (``collectives``); the methods of the same names below hand over to it, so a strategy overrides them as any
+    other method. The default checkpoint methods come from
+    :class:`~torchbay.checkpoint.full_state.FullStateCheckpoint`, which declares what it reads of the strategy.
     """
 
     name: ClassVar[str] = ""
@@ -102,11 +107,41 @@ class Strategy(Collectives, FullStateCheckpoint):
     #: an object whose ``state_dict()`` is the copy); needs a ``save_checkpoint`` that issues no
     #: collective. Otherwise such a save is synchronous, with a warning.
     async_checkpoint: ClassVar[bool] = False
+    #: how many of this strategy's latest collective works are kept referenced (ProcessCollectives.wait)
+    held_works: ClassVar[int] = 2
+
     def __init__(self, context: RunContext):
         self.context = context
         self.cluster = context.cluster
         self.device_backend = context.device_backend
         self.owns_process_group = False
+        self.collectives = ProcessCollectives(self, keep=self.held_works)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()  # (the collectives drop their works themselves)
+
+    # -- collectives (no-ops in one process; see torchbay.distributed.collectives) ---------------
+    def barrier(self) -> None:
+        self.collectives.barrier()
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate equal-shaped tensors from every rank along dim 0."""
+        return self.collectives.all_gather(tensor)
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """``op``: sum, mean, max, min or product; returns a new tensor."""
+        return self.collectives.all_reduce(tensor, op)
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        return self.collectives.broadcast(tensor, src)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """``obj`` from rank ``src`` on every rank (pickled, as torch's object collectives do)."""
+        return self.collectives.broadcast_object(obj, src)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order."""
+        return self.collectives.all_gather_object(obj)
 
     # -- validation ---------------------------------------------------------------------
     @classmethod
@@ -247,12 +282,12 @@ class Strategy(Collectives, FullStateCheckpoint):
         if self.owns_process_group and dist.is_initialized():
             if barrier:
                 with contextlib.suppress(Exception):
-                    self._wait(dist.barrier(async_op=True))
+                    self.collectives.wait(dist.barrier(async_op=True))
             dist.destroy_process_group()
         # the kept works go only now: had gloo's worker thread dropped the last reference to one
         # while this thread, holding the GIL, joined it in the group's destructor, both would wait
-        # forever (seen with torch 2.13; see _wait)
-        self._held = ()
+        # forever (seen with torch 2.13; see ProcessCollectives.wait)
+        self.collectives.release()
         self.owns_process_group = False
 
     def accelerate_state_objects(self) -> dict[str, Any]:

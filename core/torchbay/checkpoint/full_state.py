@@ -5,7 +5,7 @@ anything changes, then restored straight into the prepared tensors (:mod:`torchb
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 
@@ -19,7 +19,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class FullStateCheckpoint:
-    """Mixed into the Strategy base: needs ``rank``, ``unwrap_model`` and ``barrier`` from it."""
+    """Mixed into the Strategy base (a role, with no state of its own): its defaults call the strategy's own, possibly
+    overridden, methods (``model_state_dict``, ``unwrap_model``, ``load_checkpoint``), so it stays a base class."""
+
+    # what it reads of the strategy
+    name: ClassVar[str]
+    rank: int
+    unwrap_model: Callable[[Any], torch.nn.Module]
 
     def model_state_dict(self, model: Any) -> dict[str, torch.Tensor]:
         """The full (unsharded) state dict; only the main process needs a real one."""

@@ -1,11 +1,12 @@
 """Collectives over the default process group, as :class:`~torchbay.plugin.Strategy` offers them: no-ops in one
-process, every work kept referenced until later ones complete (see :meth:`Collectives._wait`), Python objects sent
-as bytes."""
+process, every work kept referenced until later ones complete (see :meth:`ProcessCollectives.wait`), Python objects
+sent as bytes. The Strategy base holds one :class:`ProcessCollectives` (``strategy.collectives``) and its methods of
+the same names hand over to it."""
 
 from __future__ import annotations
 
 import pickle
-from typing import Any, ClassVar
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -13,20 +14,45 @@ import torch.distributed as dist
 from torchbay.checkpoint.safe_load import unpickle_from_peer
 
 
-class Collectives:
-    """Mixed into the Strategy base: needs ``distributed``, ``world_size`` and ``rank`` from it."""
+class GroupMember(Protocol):
+    """What the collectives need to know of the process they run in (the strategy that holds them)."""
 
-    #: how many of this strategy's latest collective works are kept referenced (see _wait)
-    held_works: ClassVar[int] = 2
-    _held: Any = ()
+    @property
+    def distributed(self) -> bool: ...  # whether a process group is up
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+
+class ProcessCollectives:
+    """The collectives of ``member`` (the strategy holding them), keeping the works of the latest ``keep``
+    collectives referenced (``held``, see :meth:`wait`)."""
+
+    def __init__(self, member: GroupMember, keep: int = 2):
+        self.member = member
+        self.keep = keep
+        self.held: tuple[Any, ...] = ()
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.pop("_held", None)  # the works of this process's collectives do not pickle (or travel)
-        return state
+        return {**self.__dict__, "held": ()}  # the works of this process's collectives do not pickle (or travel)
 
-    def _wait(self, work) -> None:
-        """Wait for a collective's ``work`` and keep it referenced until ``held_works`` later ones complete.
+    @property
+    def distributed(self) -> bool:
+        return self.member.distributed
+
+    @property
+    def rank(self) -> int:
+        return self.member.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.member.world_size
+
+    def wait(self, work) -> None:
+        """Wait for a collective's ``work`` and keep it referenced until ``keep`` later ones complete.
 
         Whoever drops the last reference to a finished work destroys the tensors it holds, and
         with torch 2.13 that needs the GIL while a tensor has a Python object. On the process
@@ -35,17 +61,21 @@ class Collectives:
         starting its workers right after gather_for_metrics) gives the child that lock held, and
         on Python 3.11 the worker hangs before it runs any code: the epoch never ends (CPython
         3.12 re-creates the lock in the child first). Kept here, the work is destroyed by this
-        thread, holding the GIL, once ``held_works`` later collectives have completed (by then
+        thread, holding the GIL, once ``keep`` later collectives have completed (by then
         gloo's thread has let go of it, unless it was starved of CPU all that time) or when the
-        group is torn down. The cost: the tensors of the last ``held_works`` collectives live
-        that much longer (mostly tensors the caller holds anyway: its input, the returned output).
+        group is torn down (:meth:`release`). The cost: the tensors of the last ``keep``
+        collectives live that much longer (mostly tensors the caller holds anyway: its input, the returned output).
         """
         work.wait()
-        self._held = (*self._held, work)[-self.held_works:]
+        self.held = (*self.held, work)[-self.keep:]
+
+    def release(self) -> None:
+        """Let go of the kept works (once the process group is destroyed: see the strategy's ``teardown``)."""
+        self.held = ()
 
     def barrier(self) -> None:
         if self.distributed:
-            self._wait(dist.barrier(async_op=True))
+            self.wait(dist.barrier(async_op=True))
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Concatenate equal-shaped tensors from every rank along dim 0."""
@@ -56,7 +86,7 @@ class Collectives:
             tensor = tensor[None]
         out = torch.empty((self.world_size * tensor.shape[0], *tensor.shape[1:]),
                           dtype=tensor.dtype, device=tensor.device)
-        self._wait(_all_gather_single(out, tensor, async_op=True))
+        self.wait(_all_gather_single(out, tensor, async_op=True))
         return out
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -65,14 +95,14 @@ class Collectives:
         ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT}
         out = tensor.clone()
-        self._wait(dist.all_reduce(out, op=ops[op], async_op=True))
+        self.wait(dist.all_reduce(out, op=ops[op], async_op=True))
         if op == "mean":
             out = out / self.world_size
         return out
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         if self.distributed:
-            self._wait(dist.broadcast(tensor, src=src, async_op=True))
+            self.wait(dist.broadcast(tensor, src=src, async_op=True))
         return tensor
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
@@ -83,7 +113,7 @@ class Collectives:
             box = [obj]
             dist.broadcast_object_list(box, src=src)
             return box[0]
-        # gloo: through this strategy's own collectives, whose works _wait keeps (torch's own
+        # gloo: through this strategy's own collectives, whose works wait() keeps (torch's own
         # object collectives drop theirs, and a DataLoader forks its workers right after the
         # seed broadcast of prepare())
         payload = _pickled(obj) if self.rank == src else None

@@ -43,14 +43,14 @@ def _in_collective(frames: list[tuple[str, int, str]]) -> str | None:
 
     Collectives torch runs from C++ count too: DDP's gradient all-reduce inside ``backward``
     and its buffer broadcast in ``forward``. A strategy's own collectives (``Strategy.barrier``...)
-    wait on their work in ``Collectives._wait`` (distributed/collectives.py): named by the strategy method that
+    wait on their work in ``ProcessCollectives.wait`` (distributed/collectives.py): named by the collective that
     called it.
     """
     calls = [func for path, _, func in frames if "/torch/distributed/" in path and func not in ("wrapper", "<lambda>")]
     if calls:
         return f"torch.distributed.{calls[-1]}"  # the outermost torch.distributed function
     for (path, _, func), caller in zip(frames, frames[1:]):
-        if func == "_wait" and path.endswith("/torchbay/distributed/collectives.py"):
+        if func == "wait" and path.endswith("/torchbay/distributed/collectives.py"):
             return f"torch.distributed.{caller[2]}"
     for path, _, func in frames:
         if "/torch/nn/parallel/distributed.py" in path:

@@ -18,6 +18,14 @@ from torchbay.errors import TorchbayError
 
 
 class ProcessQueries:
+    """Accelerate's process API over the five members the class it is mixed into has (declared here)."""
+
+    process_index: int
+    local_process_index: int
+    num_processes: int
+    device: torch.device
+    wait_for_everyone: Callable[[], None]
+
     @property
     def is_main_process(self) -> bool:
         return self.process_index == 0

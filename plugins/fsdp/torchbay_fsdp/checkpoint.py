@@ -18,13 +18,22 @@ from torchbay_fsdp.async_checkpoint import AgreedStart, HostStaging
 from torchbay_fsdp.layout import INFO_FILE, model_dir, optimizer_dir
 
 if TYPE_CHECKING:  # pragma: no cover
-    from torchbay.plugin import CheckpointIO
+    from torchbay.plugin import CheckpointIO, DeviceBackend, RunContext
+    from torchbay_fsdp.config import FSDPConfig
 
 
 class FSDPCheckpoint:
     """FSDP's state: full state dicts, sharded DCP checkpoints, and Accelerate's FSDP surface
     (``accelerator.state.fsdp_plugin``, ``save_fsdp_model`` and friends); a mixin of
     :class:`~torchbay_fsdp.strategy.FSDPStrategy`."""
+
+    # what it reads of the strategy (the Strategy base's and FSDPStrategy's own, made in its __init__)
+    context: RunContext
+    settings: FSDPConfig
+    device_backend: DeviceBackend
+    rank: int
+    world_size: int
+    sizes: dict[str, int]  # the parallel dimensions' sizes (written in the checkpoint's info file)
 
     # -- state --------------------------------------------------------------------------
     def model_state_dict(self, model: Any) -> dict[str, torch.Tensor]:

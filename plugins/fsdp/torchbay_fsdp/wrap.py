@@ -8,7 +8,7 @@ import functools
 import gc
 import sys
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -16,11 +16,30 @@ import torch.distributed as dist
 from torchbay.errors import TorchbayError
 from torchbay_fsdp.tensor_parallel import apply_tensor_parallel, model_plan
 
+if TYPE_CHECKING:  # pragma: no cover
+    from torchbay.plugin import DeviceBackend, RunContext
+    from torchbay_fsdp.config import FSDPConfig
+
 
 class FSDPWrapping:
     """How FSDP wraps the prepared models: FSDP2 ``fully_shard`` per block (or FSDP1), the optimizers remapped onto the
     sharded parameters, rank 0's weights broadcast when only it loaded them; a mixin of
     :class:`~torchbay_fsdp.strategy.FSDPStrategy`."""
+
+    # what wrapping reads of the strategy (the Strategy base's and FSDPStrategy's own, made in its __init__)
+    context: RunContext
+    settings: FSDPConfig
+    device_backend: DeviceBackend
+    rank: int
+    world_size: int
+    sizes: dict[str, int]  # the parallel dimensions' sizes
+    device_mesh: Any  # the named DeviceMesh
+    mesh: Any  # the mesh FSDP shards over
+    tp_plans: list[dict]
+    _param_map: dict[int, tuple[Any, torch.nn.Parameter]]  # id of an original parameter -> its module, sharded one
+    _optimizers: list[Any]  # the raw optimizers seen by setup
+    _roots: list[torch.nn.Module]  # the wrapped models
+    _mixed_precision_dtypes: Callable[[], tuple[torch.dtype | None, torch.dtype | None]]
 
     # -- wrapping -----------------------------------------------------------------------
     def setup(self, models: list, optimizers: list, schedulers: list) -> tuple[list, list, list]:
