@@ -497,8 +497,7 @@ def test_accelerates_torchao_helpers_convert_the_same_layers_as_accelerate():
     pytest.importorskip("torchao", reason="torchao converts the layers")
     accelerate_ao = pytest.importorskip("accelerate.utils.ao", reason="Accelerate (a dev dependency) is the reference")
     from torchao.float8.float8_linear import Float8Linear
-
-    import torchbay.utils
+    from torchbay_fp8_torchao import compat as ours_ao  # served as torchbay.utils.* (accelerate.yaml plugin_names)
 
     def toy():
         torch.manual_seed(0)
@@ -511,12 +510,12 @@ def test_accelerates_torchao_helpers_convert_the_same_layers_as_accelerate():
         convert(model, **kwargs)
         return [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
 
-    ours, theirs = converted(torchbay.utils.convert_model_to_fp8_ao), converted(accelerate_ao.convert_model_to_fp8_ao)
+    ours, theirs = converted(ours_ao.convert_model_to_fp8_ao), converted(accelerate_ao.convert_model_to_fp8_ao)
     assert ours == theirs == ["1.0", "1.2"]  # not the first nor the last Linear; 48 -> 8 is no multiple of 16
     only_first = dict(module_filter_func=lambda module, fqn: fqn == "0")
-    assert converted(torchbay.utils.convert_model_to_fp8_ao, **only_first) == ["0"]
-    assert torchbay.utils.find_first_last_linear_layers(toy()) == accelerate_ao.find_first_last_linear_layers(toy())
+    assert converted(ours_ao.convert_model_to_fp8_ao, **only_first) == ["0"]
+    assert ours_ao.find_first_last_linear_layers(toy()) == accelerate_ao.find_first_last_linear_layers(toy())
     model = toy()
-    assert not torchbay.utils.has_ao_layers(model)
-    torchbay.utils.convert_model_to_fp8_ao(model)
-    assert torchbay.utils.has_ao_layers(model) and accelerate_ao.has_ao_layers(model)
+    assert not ours_ao.has_ao_layers(model)
+    ours_ao.convert_model_to_fp8_ao(model)
+    assert ours_ao.has_ao_layers(model) and accelerate_ao.has_ao_layers(model)
