@@ -1,7 +1,7 @@
 """Big-model inference (Accelerate's ``accelerate.big_modeling`` path): empty-weight init, device maps, dispatch,
 cpu/disk offload. ``modeling`` holds the user-facing functions; ``device_map``/``infer`` place modules,
-``hooks`` are Accelerate's module hooks, ``loading``/``files`` read checkpoints, ``offload``/``offload_index``
-keep offloaded weights.
+``hooks`` are Accelerate's module hooks, ``loading``/``files`` read checkpoints, ``dispatch`` places a model and
+attaches its hooks, both on ``slots``; ``offload``/``offload_index`` keep offloaded weights.
 """
 
 from torchbay._lazy import serve_names

@@ -1,7 +1,7 @@
 """Where a model's hooks go: Accelerate's ``attach_*`` functions, on torchbay's hook objects.
 
 ``cpu_offload`` and ``disk_offload`` use :func:`attach_align_device_hook`; ``dispatch_model`` places its
-own hooks and then :func:`attach_execution_device_hook`, as Accelerate's ``dispatch_model`` does.
+own hooks (dispatch.py) and then :func:`attach_execution_device_hook`, as Accelerate's ``dispatch_model`` does.
 """
 
 from __future__ import annotations
@@ -14,12 +14,8 @@ import torch
 from torch import nn
 
 from torchbay.big_modeling.align_hook import AlignDevicesHook
-from torchbay.big_modeling.device_map import (
-    named_module_tensors,
-    torch_device,
-)
+from torchbay.big_modeling.device_map import named_module_tensors
 from torchbay.big_modeling.hooks import LayerwiseCastingHook, add_hook_to_module
-from torchbay.big_modeling.loading import Slot
 from torchbay.big_modeling.offload_index import PrefixedDataset
 
 
@@ -141,78 +137,6 @@ def _cast_layerwise(module, storage_dtype, compute_dtype, patterns, classes, non
     for name, child in module.named_children():
         _cast_layerwise(child, storage_dtype, compute_dtype, patterns, classes, non_blocking,
                         f"{prefix}.{name}" if prefix else name)
-
-
-def attach_dispatch_hooks(model, keys, main, offloaded, slots, home, loader, offload_buffers, skip_keys,
-                          preload) -> None:
-    """One :class:`AlignDevicesHook` per module that needs one: the root of each device-map
-    entry, and every module that holds a tensor living elsewhere (offloaded, or a tie)."""
-    owner_slots: dict[str, list[tuple[str, Slot]]] = {}
-    for slot in slots:
-        for name in slot.names:
-            owner, _, leaf = name.rpartition(".")
-            owner_slots.setdefault(owner, []).append((leaf, slot))
-
-    def execution(place):
-        return torch_device(main if place in offloaded else place)
-
-    def away(module_name: str, device: torch.device) -> bool:  # does it hold a tensor that lives elsewhere?
-        return any(home[id(slot)] != device for _, slot in owner_slots.get(module_name, []))
-
-    exec_device: dict[str, torch.device] = {}
-    offloading: set[str] = set()  # modules of an offloaded entry that hold tensors: offloading hooks, as Accelerate's
-    for unit, place in keys.items():
-        device = execution(place)
-        module = _get(model, unit)
-        if isinstance(module, nn.Module):
-            exec_device.setdefault(unit, device)
-            for rel, sub in module.named_modules():
-                full = f"{unit}.{rel}" if unit and rel else unit or rel
-                if place in offloaded and next(named_module_tensors(sub), None) is not None:
-                    offloading.add(full)
-                    exec_device.setdefault(full, device)
-                elif rel and away(full, device):
-                    exec_device.setdefault(full, device)
-        else:
-            exec_device.setdefault(unit.rpartition(".")[0], device)
-    for name, module in model.named_modules():
-        if type(module).__name__ in preload and name in exec_device:
-            for sub, _ in module.named_modules():
-                if sub:
-                    exec_device.pop(f"{name}.{sub}" if name else sub, None)
-    by_name = {n: s for s in slots for n in s.names}
-    for name, device in exec_device.items():
-        module = model.get_submodule(name)
-        whole = type(module).__name__ in preload
-        tensors = [n for n, _ in _tensors(module)] if whole else [leaf for leaf, _ in owner_slots.get(name, [])]
-        slot_of = {rel: by_name[f"{name}.{rel}" if name else rel] for rel in tensors
-                   if (f"{name}.{rel}" if name else rel) in by_name}
-        offload = name in offloading or any(home[id(slot)] is None for slot in slot_of.values())
-        hook = AlignDevicesHook(execution_device=device, offload=offload, io_same_device=(name == ""),
-                                weights_map=PrefixedDataset(loader, f"{name}." if name else "") if offload else None,
-                                offload_buffers=offload_buffers, place_submodules=whole, skip_keys=skip_keys)
-        # a tensor placed on a device stays there: lent to this module for its forward when it lives elsewhere
-        hook.lent = {rel: slot.tensor for rel, slot in slot_of.items()
-                     if home[id(slot)] is not None and (offload or home[id(slot)] != device)}
-        add_hook_to_module(module, hook)
-    if "" not in exec_device:
-        add_hook_to_module(model, AlignDevicesHook(torch_device(main), io_same_device=True, skip_keys=skip_keys))
-    for unit, place in keys.items():  # as Accelerate: every module with tensors knows its execution device
-        module = _get(model, unit)
-        if isinstance(module, nn.Module):
-            attach_execution_device_hook(module, execution(place), skip_keys=skip_keys, preload_module_classes=preload)
-
-
-def _tensors(module: nn.Module):
-    yield from module.named_parameters(remove_duplicate=False)
-    yield from module.named_buffers(remove_duplicate=False)
-
-
-def _get(model: nn.Module, name: str):
-    try:
-        return model.get_submodule(name)
-    except AttributeError:
-        return None
 
 
 __all__ = ["SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING", "attach_layerwise_casting_hooks", "attach_align_device_hook",

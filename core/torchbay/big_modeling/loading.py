@@ -12,8 +12,8 @@ survive. The checkpoint is checked against the model before anything changes.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
-import weakref
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -22,7 +22,14 @@ from torch import nn
 
 from torchbay.big_modeling.device_map import DISK, check_device_map, device_key, device_of, parse_dtype, torch_device
 from torchbay.big_modeling.files import CheckpointFiles, resolve_checkpoint
-from torchbay.big_modeling.offload_index import FileSource, OffloadedWeightsLoader, save_offload_index, write_offload
+from torchbay.big_modeling.offload_index import (
+    OFFLOADED,
+    FileSource,
+    OffloadedWeightsLoader,
+    save_offload_index,
+    write_offload,
+)
+from torchbay.big_modeling.slots import Slot, few, model_slots
 from torchbay.errors import CheckpointError, ConfigError, TorchbayError
 from torchbay.tracking.progress import progress_bar
 
@@ -35,53 +42,6 @@ class CheckpointMismatchError(CheckpointError, ValueError):
 
 class TensorShapeError(TorchbayError, ValueError):
     """A value of another shape than the model's tensor was given (its message is Accelerate's, word for word)."""
-
-#: model -> {tensor name: source} of the weights load_checkpoint_in_model left on disk
-OFFLOADED: "weakref.WeakKeyDictionary[nn.Module, dict[str, Any]]" = weakref.WeakKeyDictionary()
-
-
-class Slot:
-    """One tensor object of a model and every name it has (several when tied)."""
-
-    __slots__ = ("names", "tensor", "is_param")
-
-    def __init__(self, name: str, tensor: torch.Tensor, is_param: bool):
-        self.names, self.tensor, self.is_param = [name], tensor, is_param
-
-    def assign(self, model: nn.Module, value: torch.Tensor) -> None:
-        """Put ``value`` under every name (a parameter stays one parameter object)."""
-        if self.is_param and not isinstance(value, nn.Parameter):
-            value = nn.Parameter(value, requires_grad=self.tensor.requires_grad and value.is_floating_point())
-        for name in self.names:
-            owner, _, leaf = name.rpartition(".")
-            module = model.get_submodule(owner)
-            (module._parameters if self.is_param else module._buffers)[leaf] = value
-        self.tensor = value
-
-
-def model_slots(model: nn.Module) -> tuple[list[Slot], list[Slot]]:
-    """(persistent slots, non-persistent buffers), ties grouped, in definition order."""
-    by_id: dict[int, Slot] = {}
-    transient: list[Slot] = []
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in by_id:
-            by_id[id(param)].names.append(name)
-        else:
-            by_id[id(param)] = Slot(name, param, True)
-    for name, buf in model.named_buffers(remove_duplicate=False):
-        owner, _, leaf = name.rpartition(".")
-        if leaf in model.get_submodule(owner)._non_persistent_buffers_set:
-            transient.append(Slot(name, buf, False))
-        elif id(buf) in by_id:
-            by_id[id(buf)].names.append(name)
-        else:
-            by_id[id(buf)] = Slot(name, buf, False)
-    return list(by_id.values()), transient
-
-
-def _few(names: list[str], n: int = 12) -> str:
-    return ", ".join(names[:n]) + (f" (and {len(names) - n} more)" if len(names) > n else "")
-
 
 def check_against(model_slots_: list[Slot], transient: list[Slot], files: CheckpointFiles, strict: bool) -> dict:
     """``{slot index: checkpoint key}``; raises (or warns) for what does not match, before any change."""
@@ -98,14 +58,14 @@ def check_against(model_slots_: list[Slot], transient: list[Slot], files: Checkp
     problems = []
     if missing_meta:
         problems.append(f"it lacks {len(missing_meta)} weight(s) the model holds no value for (they are on the meta "
-                        f"device): {_few(missing_meta)}")
+                        f"device): {few(missing_meta)}")
     if strict and missing_real:
-        problems.append(f"it lacks {len(missing_real)} weight(s) of the model (strict=True): {_few(missing_real)}")
+        problems.append(f"it lacks {len(missing_real)} weight(s) of the model (strict=True): {few(missing_real)}")
     if strict and unexpected:
-        problems.append(f"it has {len(unexpected)} key(s) the model does not have (strict=True): {_few(unexpected)}")
+        problems.append(f"it has {len(unexpected)} key(s) the model does not have (strict=True): {few(unexpected)}")
     meta_transient = [s.names[0] for s in transient if s.tensor.device.type == "meta"]
     if meta_transient:
-        problems.append(f"non-persistent buffers {_few(meta_transient)} are on the meta device and no checkpoint "
+        problems.append(f"non-persistent buffers {few(meta_transient)} are on the meta device and no checkpoint "
                         f"holds them: build the model with init_empty_weights(include_buffers=False)")
     if files.is_safetensors:
         headers = files.headers()
@@ -122,10 +82,10 @@ def check_against(model_slots_: list[Slot], transient: list[Slot], files: Checkp
                                                            if missing_real or unexpected else ""))
     if missing_real:
         warnings.warn(f"checkpoint {files.where} lacks {len(missing_real)} weight(s); they keep the values the model "
-                      f"had: {_few(missing_real)}", stacklevel=3)
+                      f"had: {few(missing_real)}", stacklevel=3)
     if unexpected:  # logged as Accelerate (and transformers) log it, which tools look for
         log.warning("Some weights of the model checkpoint at %s were not used when initializing the model: %s (it "
-                    "does not have them; they were ignored)", files.where, _few(unexpected))
+                    "does not have them; they were ignored)", files.where, few(unexpected))
     return found
 
 
@@ -160,7 +120,7 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: str | Path, device_ma
     targets = [_target(slot, device_map) for slot in slots]
     disk = [i for i in found if targets[i] == DISK]
     if disk and not files.is_safetensors and offload_folder is None:
-        raise ConfigError(f"device_map puts {_few([slots[i].names[0] for i in disk])} on 'disk' and {files.where} "
+        raise ConfigError(f"device_map puts {few([slots[i].names[0] for i in disk])} on 'disk' and {files.where} "
                           f"is not safetensors: pass offload_folder= (a folder for their copies)",
                           header="cannot offload to disk")
     by_key: dict[str, list[int]] = {}
@@ -168,7 +128,7 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: str | Path, device_ma
         by_key.setdefault(key, []).append(i)
     sources: dict[str, Any] = {}
     done = 0
-    progress = _progress(files)
+    progress = ShardProgress(len(files.files))
     try:
         for file in files.files:
             to_write: dict[str, torch.Tensor] = {}
@@ -192,7 +152,7 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: str | Path, device_ma
             if to_write:
                 written = write_offload(Path(offload_folder), to_write)
                 sources = {n: written[s] if isinstance(s, str) else s for n, s in sources.items()}
-            progress.update(1)
+            progress.update()
     except Exception as exc:
         raise CheckpointError(f"loading {files.where} failed ({type(exc).__name__}: {exc}); the model is partially "
                               f"loaded ({done} of {len(found)} tensors replaced): build it again before retrying") \
@@ -209,9 +169,30 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: str | Path, device_ma
             save_offload_index(sources, Path(offload_folder))
 
 
-def _progress(files: CheckpointFiles):
-    return progress_bar(total=len(files.files), desc="Loading checkpoint shards", unit="shard", delay=2.0,
-                        disable=len(files.files) < 2)
+class ShardProgress:
+    """The "Loading checkpoint shards" bar of a checkpoint of several files, shown once loading has
+    taken ``BAR_DELAY_S``. The bar is only made then: a load that ends sooner (the usual case,
+    a checkpoint in the page cache) pays for no tqdm bar, whose first one starts tqdm's monitor thread."""
+
+    BAR_DELAY_S = 2.0
+
+    def __init__(self, shards: int):
+        self.shards, self.done, self.bar = shards, 0, None
+        self.start = time.time()  # tqdm's clock
+
+    def update(self) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        elif self.shards >= 2 and time.time() - self.start >= self.BAR_DELAY_S:
+            self.bar = progress_bar(total=self.shards, desc="Loading checkpoint shards", unit="shard",
+                                    delay=self.BAR_DELAY_S)
+            self.bar.start_t = self.bar.last_print_t = self.start  # as if it had been there from the start
+            self.bar.update(self.done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _convert(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

@@ -6,14 +6,14 @@
 >>> model.hf_device_map                          # {"embed": 0, "layers.0": 0, ..., "head": "cpu"}
 
 The devices and how much each may hold come from the device plugins (see device_map.py);
-dispatch_hooks.py moves activations between devices and brings offloaded weights in;
-checkpoint_loading.py reads the checkpoint straight into the placement. docs/big-model-inference.md.
+dispatch.py puts each tensor on its device and attaches the hooks (hooks.py, align_hook.py) that move
+activations between devices and bring offloaded weights in; loading.py reads the checkpoint straight
+into the placement. docs/big-model-inference.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -30,23 +30,12 @@ from torchbay.big_modeling.device_map import (
     named_module_tensors,
     torch_device,
 )
-from torchbay.big_modeling.hook_placement import (
-    attach_align_device_hook,
-    attach_dispatch_hooks,
-    attach_layerwise_casting_hooks,
-)
-from torchbay.big_modeling.hooks import CpuOffload, UserCpuOffloadHook, add_hook_to_module, remove_hook_from_module
+from torchbay.big_modeling.dispatch import dispatch
+from torchbay.big_modeling.hook_placement import attach_align_device_hook, attach_layerwise_casting_hooks
+from torchbay.big_modeling.hooks import CpuOffload, UserCpuOffloadHook, add_hook_to_module
 from torchbay.big_modeling.infer import get_balanced_memory, infer_auto_device_map
-from torchbay.big_modeling.loading import OFFLOADED, Slot, load_checkpoint_in_model, model_slots
-from torchbay.big_modeling.offload_index import INDEX as OFFLOAD_INDEX
-from torchbay.big_modeling.offload_index import LEGACY_INDEX as LEGACY_OFFLOAD_INDEX
-from torchbay.big_modeling.offload_index import (
-    FileSource,
-    OffloadedWeightsLoader,
-    read_offload_index,
-    save_offload_index,
-    write_offload,
-)
+from torchbay.big_modeling.loading import load_checkpoint_in_model
+from torchbay.big_modeling.offload_index import OffloadedWeightsLoader, save_offload_index, write_offload
 from torchbay.distributed.sequence import (  # noqa: F401 (Accelerate's private name, which its tests import)
     refuse_recurrent_layers as _refuse_recurrent_layers_under_sequence_parallelism,
 )
@@ -95,33 +84,6 @@ def init_empty_weights(include_buffers: bool | None = None):
 # --- dispatch ---------------------------------------------------------------------------
 
 
-def _main_device(device_map: dict[str, Any], main_device: Any) -> Any:
-    if main_device is not None:
-        return device_key(main_device)
-    return next((d for d in device_map.values() if d not in (CPU, DISK)), CPU)
-
-
-def _resolve(slot: Slot, where: Any, state_dict: dict | None) -> torch.Tensor:
-    """The value of a slot: from ``state_dict`` (any of its names), else the model's own tensor."""
-    for name in slot.names:
-        if state_dict is not None and name in state_dict:
-            return state_dict[name]
-    if slot.tensor.device.type == "meta":
-        raise ConfigError(f"'{' = '.join(slot.names)}' is on the meta device and nothing gives its value: load a "
-                          f"checkpoint (load_checkpoint_and_dispatch) or pass state_dict=",
-                          header="cannot dispatch the model")
-    return slot.tensor
-
-
-def _check_values(slots: list[Slot], state_dict: dict | None) -> None:
-    missing = [" = ".join(s.names) for s in slots if s.tensor.device.type == "meta"
-               and not (state_dict is not None and any(n in state_dict for n in s.names))]
-    if missing:
-        raise ConfigError(f"{len(missing)} tensor(s) are on the meta device and nothing gives their value: "
-                          f"{', '.join(missing[:12])}; load a checkpoint (load_checkpoint_and_dispatch) or pass "
-                          f"state_dict=", header="cannot dispatch the model")
-
-
 def dispatch_model(model: nn.Module, device_map: dict[str, Any], main_device: Any = None,
                    state_dict: dict[str, torch.Tensor] | None = None, offload_dir: str | Path | None = None,
                    offload_index: dict[str, Any] | None = None, offload_buffers: bool = False,
@@ -131,119 +93,14 @@ def dispatch_model(model: nn.Module, device_map: dict[str, Any], main_device: An
 
     Modules on ``"disk"`` (and on ``"cpu"`` when an accelerator is the main device) are
     offloaded: their weights wait on the cpu or on disk and come to ``main_device`` while the
-    module runs. The chosen map is set as ``model.hf_device_map``.
+    module runs. The chosen map is set as ``model.hf_device_map``. The work is
+    :func:`torchbay.big_modeling.dispatch.dispatch`; the map is checked here, through this
+    module's ``check_device_map`` (which transformers replaces for a while, as it does Accelerate's).
     """
     check_device_map(model, device_map)
-    keys = {name: device_key(d) for name, d in device_map.items()}
-    main = _main_device(keys, main_device)
-    offloaded = {DISK} if main == CPU else {CPU, DISK}
-    remove_hook_from_module(model, recurse=True)
-    slots, transient = model_slots(model)
-    if len(set(keys.values())) == 1 and next(iter(keys.values())) != DISK and not force_hooks:
-        device = torch_device(next(iter(keys.values())))
-        _check_values(slots + transient, state_dict)
-        for slot in slots + transient:
-            value = _resolve(slot, device, state_dict)
-            if value is not slot.tensor or value.device != device:
-                slot.assign(model, value.to(device))
-        model.hf_device_map = dict(device_map)
-        return model
-    disk_entries = _disk_entries(model, offload_dir, offload_index)
-    plan, unresolved, no_folder = [], [], []
-    transient_ids = {id(s) for s in transient}
-    for slot in slots + transient:  # everything is checked before the model changes
-        places = [keys[_unit_of(n, keys)] for n in slot.names]
-        place = next((p for p in places if p not in offloaded), places[0])
-        off = place in offloaded and (slot.is_param or offload_buffers) and id(slot) not in transient_ids
-        stored = off and place == DISK and any(n in disk_entries for n in slot.names)
-        if not stored and slot.tensor.device.type == "meta" and not (
-                state_dict is not None and any(n in state_dict for n in slot.names)):
-            unresolved.append(" = ".join(slot.names))
-        elif off and place == DISK and not stored and offload_dir is None:
-            no_folder.append(slot.names[0])
-        plan.append((slot, place, off))
-    if unresolved:
-        raise ConfigError(f"{len(unresolved)} tensor(s) are on the meta device and nothing gives their value: "
-                          f"{', '.join(unresolved[:12])}; load a checkpoint (load_checkpoint_and_dispatch) or pass "
-                          f"state_dict=", header="cannot dispatch the model")
-    if no_folder:
-        raise ConfigError(f"device_map puts {', '.join(no_folder[:12])} on 'disk' and no offload folder holds them: "
-                          f"pass offload_dir= (a folder for their copies)", header="cannot offload to disk")
-    home: dict[int, Any] = {}  # slot id -> torch device, or None for an offloaded slot
-    cpu_weights: dict[str, torch.Tensor] = {}
-    index: dict[str, dict] = {}
-    pending: dict[str, Slot] = {}
-    for slot, place, off in plan:
-        home[id(slot)] = None if off else torch_device(main if place in offloaded else place)
-        if off and place == DISK:
-            entry = next((disk_entries[n] for n in slot.names if n in disk_entries), None)
-            if entry is None:
-                pending[slot.names[0]] = slot
-            else:
-                index.update({n: entry for n in slot.names})
-            continue
-        device = torch_device(CPU) if off else home[id(slot)]
-        value = _resolve(slot, device, state_dict)
-        if value is not slot.tensor or value.device != device:
-            slot.assign(model, value.to(device))
-        if off:
-            cpu_weights.update({n: slot.tensor for n in slot.names})
-    if pending:
-        index.update(_write_to_disk(model, pending, offload_dir, state_dict))
-    loader = OffloadedWeightsLoader(state_dict=cpu_weights, save_folder=offload_dir, index=index)
-    attach_dispatch_hooks(model, keys, main, offloaded, slots + transient, home, loader, offload_buffers, skip_keys,
-                  preload_module_classes or [])
-    model.hf_device_map = dict(device_map)
-    return model
-
-
-def _write_to_disk(model: nn.Module, pending: dict[str, Slot], offload_dir, state_dict) -> dict[str, dict]:
-    """Copy the disk-placed tensors no file holds yet into ``offload_dir``; their index entries."""
-    tensors = {name: _resolve(slot, CPU, state_dict) for name, slot in pending.items()}
-    written = write_offload(Path(offload_dir), tensors)
-    entries = {}
-    for name, slot in pending.items():
-        entries.update({n: written[name].entry() for n in slot.names})
-        slot.assign(model, torch.empty(slot.tensor.shape, dtype=slot.tensor.dtype, device="meta"))
-    save_offload_index(entries, offload_dir)
-    return entries
-
-
-def _unit_of(name: str, keys: dict[str, Any]) -> str:
-    parts = name.split(".")
-    for i in range(len(parts), -1, -1):
-        if ".".join(parts[:i]) in keys:
-            return ".".join(parts[:i])
-    raise KeyError(name)
-
-
-def _disk_entries(model: nn.Module, offload_dir, offload_index) -> dict[str, dict]:
-    """Where the weights that wait on disk are: Accelerate's offload index entries by name."""
-    entries = {name: source.entry() for name, source in OFFLOADED.get(model, {}).items()}
-    if offload_index:
-        for name, entry in offload_index.items():
-            entries[name] = _index_entry(name, entry, offload_dir)
-    elif offload_dir is not None and not entries and any(
-            (Path(offload_dir) / f).exists() for f in (OFFLOAD_INDEX, LEGACY_OFFLOAD_INDEX)):
-        entries = read_offload_index(offload_dir)
-    return entries
-
-
-def _index_entry(name: str, entry: Any, offload_dir) -> dict:
-    if isinstance(entry, FileSource):
-        return entry.entry()
-    if isinstance(entry, Mapping) and entry.get("safetensors_file") is not None:
-        return dict(entry)
-    if isinstance(entry, Mapping) and "dtype" in entry and "shape" in entry:
-        if offload_dir is None:
-            raise ConfigError(f"offload_index['{name}'] is a .dat entry of an offload folder: pass offload_dir= (the "
-                              f"folder that holds {name}.dat)", header="cannot dispatch the model")
-        return dict(entry)
-    if isinstance(entry, Mapping) and "file" in entry and "key" in entry:  # torchbay's former index entries
-        return FileSource(entry["file"], entry["key"]).entry()
-    raise ConfigError(f"offload_index['{name}'] is {entry!r}: an entry is {{'safetensors_file', 'weight_name', "
-                      f"'dtype'}} (a tensor of a safetensors file) or {{'dtype', 'shape'}} (a .dat file of "
-                      f"offload_dir), as Accelerate writes them", header="cannot dispatch the model")
+    return dispatch(model, device_map, main_device=main_device, state_dict=state_dict, offload_dir=offload_dir,
+                    offload_index=offload_index, offload_buffers=offload_buffers, skip_keys=skip_keys,
+                    preload_module_classes=preload_module_classes, force_hooks=force_hooks)
 
 
 # --- the user-level entry points ------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,12 +27,16 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
+from torch import nn
 
 from torchbay.errors import CheckpointError
 
 INDEX = "index.json"
 LEDGER = "torchbay_offload_written.txt"
 LEGACY_INDEX = "torchbay_offload_index.json"  # torchbay's own format before Accelerate's was adopted
+
+#: model -> {tensor name: source} of the weights load_checkpoint_in_model left on disk (dispatch_model reads it)
+OFFLOADED: "weakref.WeakKeyDictionary[nn.Module, dict[str, Any]]" = weakref.WeakKeyDictionary()
 
 
 def _dtype(name: str | None) -> torch.dtype | None:
