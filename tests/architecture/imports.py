@@ -29,7 +29,7 @@ START_UP_DEFERRED = ("torchbay.cli", "torchbay.compat.accelerate_cli", "torchbay
 
 #: docs/architecture.md, "Layers": a runtime import may only point to the same layer or one below
 LAYERS = [
-    ("__init__", "errors", "_lazy", "_moved"),
+    ("__init__", "errors", "_lazy", "_moved", "_version"),
     ("config", "distributed", "compile", "checkpoint.files", "checkpoint.full_state", "checkpoint.publish",
      "checkpoint.inplace", "checkpoint.safe_load", "compat.finder", "compat.surface"),
     ("axes",),

@@ -30,6 +30,7 @@ import sys
 import types
 from typing import Any, Iterator
 
+from torchbay._version import __version__ as torchbay_version
 from torchbay.errors import ConfigError, UnsupportedAPIError
 
 #: the environment variable that switches the serving on, in every process that sees it
@@ -51,7 +52,7 @@ MODULES = {
     "accelerate.commands.estimate": "torchbay.compat.config_commands",
     "accelerate.commands.launch": "torchbay.compat.commands",
     "accelerate.commands.test": "torchbay.compat.config_commands",
-    "accelerate.data_loader": "torchbay.data.loader",
+    "accelerate.data_loader": "torchbay.data",
     "accelerate.hooks": "torchbay.compat.hooks",
     "accelerate.launchers": "torchbay.launch.notebook",
     "accelerate.local_sgd": "torchbay.accelerator.local_sgd",
@@ -116,9 +117,7 @@ def switch_requested(environ: Any = None) -> bool:
 
 def served_version() -> str:
     """``accelerate.__version__`` and the distribution's version while torchbay serves it."""
-    import torchbay
-
-    return f"{ACCELERATE_API_LEVEL}+torchbay{torchbay.__version__}"
+    return f"{ACCELERATE_API_LEVEL}+torchbay{torchbay_version}"
 
 
 class _StandIn(types.ModuleType):

@@ -24,6 +24,7 @@ import sys
 from shutil import which
 from typing import Any
 
+from torchbay._lazy import attach
 from torchbay.errors import ConfigError, LaunchError
 
 logger = logging.getLogger(__name__)
@@ -40,13 +41,14 @@ MPIRUN_SPELLINGS = {b"Open MPI": ("--hostfile", "--npernode", "-n", ["--bind-to"
                     None: ("-f", "-ppn", "-n", [])}
 
 
-def __getattr__(name: str) -> Any:
+def _utils_name(name: str) -> Any:
     """``accelerate.utils.launch``'s other names are ``accelerate.utils``' (torchbay.utils answers them)."""
-    if name.startswith("__"):
-        raise AttributeError(name)
     import torchbay.utils
 
     return getattr(torchbay.utils, name)
+
+
+__getattr__, __dir__ = attach(__name__, {}, otherwise=_utils_name)
 
 
 def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
