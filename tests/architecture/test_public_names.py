@@ -136,3 +136,12 @@ def test_an_old_module_path_is_the_new_module_with_one_warning():
     assert proc.stdout.startswith("True ['torchbay.strategy moved to torchbay.axes.strategy in torchbay 0.2"), \
         proc.stdout
     assert proc.stdout.count("moved to") == 1
+
+
+def test_py_typed_ships():
+    """PEP 561: the wheel carries py.typed, so type checkers read torchbay's annotations and these names
+    (scripts/check_release.sh finds it in the installed wheel)."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    assert (ROOT / "core" / "torchbay" / "py.typed").is_file()
+    assert "py.typed" in config["options.package_data"]["torchbay"].split()
