@@ -8,7 +8,6 @@ Names are imported on first use (torchbay/_lazy.py), so ``import torchbay`` (and
 start) pays only for what it touches.
 """
 
-import importlib
 import importlib.util
 from typing import TYPE_CHECKING
 
@@ -81,7 +80,8 @@ def _accelerate_name(name: str):
     """Another Accelerate name: served by an installed plugin, or refused with advice (torchbay/compat/names.py)."""
     if importlib.util.find_spec(f"torchbay.{name}") is not None:  # a submodule not imported yet: imports as usual
         raise AttributeError(f"module 'torchbay' has no attribute {name!r}")
-    names = importlib.import_module("torchbay.compat.names")
+    from torchbay.compat import names
+
     value = names.resolve(name)
     if value is names.MISSING:
         raise AttributeError(f"module 'torchbay' has no attribute {name!r}")

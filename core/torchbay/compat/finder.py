@@ -63,8 +63,11 @@ MODULES = {
     "accelerate.state": "torchbay.state",
     "accelerate.tracking": "torchbay.tracking",
     "accelerate.utils": "torchbay.utils",
-    "accelerate.utils.launch": "torchbay.compat.launch_helpers",  # (accelerate.utils' other names through it)
+    "accelerate.utils.launch": "torchbay.compat.launch_helpers",
 }
+#: stand-ins whose torchbay module answers part of the Accelerate module: the other names come from this one
+#: (``accelerate.utils.launch`` also holds ``accelerate.utils``' names, which torchbay.utils serves)
+ALSO_FROM = {"accelerate.utils.launch": "torchbay.utils"}
 
 #: Accelerate's command modules whose command a plugin serves, by that command: the module named by the plugin's
 #: accelerate.yaml (``api: commands``) answers for it (:mod:`torchbay.compat.plugin_commands` finds it); without
@@ -139,6 +142,11 @@ class _StandIn(types.ModuleType):
         try:
             return getattr(importlib.import_module(self._torchbay_target), name)
         except (AttributeError, UnsupportedAPIError) as missing:
+            if isinstance(missing, AttributeError) and self.__name__ in ALSO_FROM:
+                try:
+                    return getattr(importlib.import_module(ALSO_FROM[self.__name__]), name)
+                except (AttributeError, UnsupportedAPIError) as also_missing:
+                    missing = also_missing
             from torchbay.compat import surface
 
             # a name of Accelerate's surface that torchbay does not serve imports as a placeholder saying why

@@ -24,7 +24,6 @@ import sys
 from shutil import which
 from typing import Any
 
-from torchbay._lazy import attach
 from torchbay.errors import ConfigError, LaunchError
 
 logger = logging.getLogger(__name__)
@@ -39,16 +38,6 @@ CPU_OPENMP_ENV = {"KMP_AFFINITY": "granularity=fine,compact,1,0", "KMP_BLOCKTIME
 #: ``--version`` says (None: any other, Intel MPI and MVAPICH spelling them alike)
 MPIRUN_SPELLINGS = {b"Open MPI": ("--hostfile", "--npernode", "-n", ["--bind-to", "socket"]),
                     None: ("-f", "-ppn", "-n", [])}
-
-
-def _utils_name(name: str) -> Any:
-    """``accelerate.utils.launch``'s other names are ``accelerate.utils``' (torchbay.utils answers them)."""
-    import torchbay.utils
-
-    return getattr(torchbay.utils, name)
-
-
-__getattr__, __dir__ = attach(__name__, {}, otherwise=_utils_name)
 
 
 def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
