@@ -10,7 +10,7 @@ NPROC ?= 2
 HF_VENV ?= .venv-hf
 HF_PY := $(HF_VENV)/bin/python
 
-.PHONY: setup demo test test-slow lint compat compat-suite compat-hf bench release-check clean
+.PHONY: setup demo test test-slow lint docs compat compat-suite compat-hf bench release-check clean
 
 $(VENV)/.installed: setup.cfg setup.py core/torchbay_as_accelerate.pth pyproject.toml constraints.txt requirements-dev.txt $(wildcard plugins/*/setup.cfg plugins/*/*/setup.cfg)
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,15 @@ demo: setup
 # ruff (rules and line length in pyproject.toml) over every Python file of the repository
 lint: setup
 	$(VENV)/bin/ruff check core plugins tests benchmarks examples docs scripts
+
+# the docs site (mkdocs.yml) into build/site, warnings as errors: docs/*.md as guides, README.md as the home page,
+# reference pages from the public modules' docstrings and types (mkdocstrings); its tools pinned in docs/requirements.txt
+$(VENV)/.docs-installed: $(VENV)/.installed docs/requirements.txt constraints.txt
+	$(PIP) install -q -c constraints.txt -r docs/requirements.txt
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	$(VENV)/bin/mkdocs build --strict
 
 # pytest-xdist: TEST_WORKERS processes, each test file on one of them (module fixtures run once); the cases marked
 # slow (the longest multi-process runs) are left to test-slow, which .ci/run runs as well

@@ -15,7 +15,7 @@
 #     (already installed, so pip keeps the wheels and only adds what is missing: checked by comparing the
 #     RECORD files before and after); `pip check` must be clean;
 #  5. in that venv, from a temp folder (the checkout not importable, PYTHONPATH unset): the package data is where
-#     torchbay reads it (templates through `torchbay new-plugin`, the YAML resources, the .pth switch through
+#     torchbay reads it (py.typed, templates through `torchbay new-plugin`, the YAML resources, the .pth switch through
 #     TORCHBAY_AS_ACCELERATE=1 `import accelerate`), the plugins are loaded, and examples/char_gpt.py (tiny
 #     settings) trains with `torchbay launch --num-processes 2 --strategy fsdp` logging to TensorBoard; a
 #     TensorBoard event file, the jsonl metrics and the sharded saved state must exist, and a second launch resumes
@@ -161,7 +161,7 @@ import torchbay, torchbay_fsdp, torchbay_tensorboard
 for m in (torchbay, torchbay_fsdp, torchbay_tensorboard):
     assert os.path.realpath(m.__file__).startswith(venv + os.sep), f"{m.__name__} imported from {m.__file__}, not the venv"
 tb = res.files("torchbay")
-wanted = [tb / "templates" / "device" / "setup.cfg.tmpl", tb / "resources" / "accelerate.yaml",
+wanted = [tb / "py.typed", tb / "templates" / "device" / "setup.cfg.tmpl", tb / "resources" / "accelerate.yaml",
           tb / "resources" / "accelerate_api.yaml", tb / "resources" / "published_plugins.yaml",
           tb / "compat" / "resources" / "library_names.yaml", res.files("torchbay_fsdp") / "accelerate.yaml"]
 missing = [str(p) for p in wanted if not p.is_file()]
@@ -172,7 +172,8 @@ assert not missing, f"package data missing from the installed wheels: {missing}"
 out = subprocess.run([sys.executable, "-c", "import accelerate; print(accelerate.Accelerator.__module__)"],
                      env={**os.environ, "TORCHBAY_AS_ACCELERATE": "1"}, capture_output=True, text=True)
 assert out.returncode == 0 and out.stdout.strip().startswith("torchbay"), f"the .pth switch: {out.stdout}{out.stderr}"
-print("[release-check] package data: templates, resources/*.yaml, compat resources, accelerate.yaml, the .pth switch")
+print("[release-check] package data: py.typed, templates, resources/*.yaml, compat resources, accelerate.yaml, "
+      "the .pth switch")
 EOF
 logged new-plugin.log "$VENV/bin/torchbay" new-plugin --kind device acme --output "$RUN/newplugin"
 [ -f "$RUN/newplugin/acme/setup.cfg" ] || die "torchbay new-plugin wrote no setup.cfg (templates missing?)"

@@ -1,34 +1,41 @@
-"""Names a package or façade serves from the module that implements them, imported on first use.
+"""The one way a torchbay module serves names that live in other modules: imported on first use.
 
-A package at one of Accelerate's module paths (``torchbay.data``, ``torchbay.tracking``...) or a façade
-(``torchbay.state``) lists its public names in ``__all__`` and answers them, and any other public name of its
-implementing module, through :func:`serve_names`; nothing is imported until a name is read, so ``import
-torchbay.data`` stays as cheap as the package docstring.
+A façade (``torchbay``, ``torchbay.plugin``, ``torchbay.utils``...) or a package at one of Accelerate's module paths
+(``torchbay.data``, ``torchbay.tracking``...) holds a literal table ``_LAZY = {name: "module that defines it"}`` and
+answers it through :func:`attach`; nothing is imported until a name is read, so ``import torchbay.data`` stays as cheap
+as the package docstring. Below the table, the module states the same names for static tools (pyright, jedi, mypy,
+ruff): a literal ``__all__`` and the imports under ``if TYPE_CHECKING:``, which never run. That block is written by
+``scripts/public_names.py`` and ``tests/architecture/test_public_names.py`` checks it against the table, and
+``tests/architecture`` counts every table entry as an import edge of the layers (docs/architecture.md).
+
+A module may also answer names no table can list (Accelerate names served by the installed plugins, refusals with
+advice): ``attach(..., otherwise=function)``, asked after the table for any name that does not start with ``_``.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+import sys
+from typing import Any, Callable
 
 
-def serve_names(package: str, sources: dict[str, list[str]], fallback: tuple[str, ...] = ()
-                ) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` for ``package``: each name comes from the module ``sources`` lists it under;
-    any other public name from the first of the ``fallback`` modules that has it (what the package's old
-    single-module form offered)."""
-    where = {name: module for module, names in sources.items() for name in names}
+def attach(module: str, table: dict[str, str], otherwise: Callable[[str], Any] | None = None
+           ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``(__getattr__, __dir__)`` for ``module``: each name of ``table`` is read from the module the table gives for it
+    on first use and then kept in ``module`` as a plain attribute; any other name that does not start with ``_`` is
+    asked of ``otherwise`` (which raises :class:`AttributeError` for what it does not know)."""
 
-    def __getattr__(name: str) -> object:
-        if name in where:
-            return getattr(importlib.import_module(where[name]), name)
-        for module in fallback if not name.startswith("_") else ():
-            implementation = importlib.import_module(module)
-            if hasattr(implementation, name):
-                return getattr(implementation, name)
-        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    def __getattr__(name: str) -> Any:
+        source = table.get(name)
+        if source is not None:
+            value = getattr(importlib.import_module(source), name)
+            setattr(sys.modules[module], name, value)  # the next read is a plain attribute
+            return value
+        if otherwise is not None and not name.startswith("_"):
+            return otherwise(name)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
     def __dir__() -> list[str]:
-        return sorted(where)
+        return sorted(set(vars(sys.modules[module])) | set(table))
 
     return __getattr__, __dir__

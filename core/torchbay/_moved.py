@@ -9,7 +9,6 @@ is imported until an old path is asked for, so ``import torchbay`` stays cheap.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.util
 import sys
 import warnings
@@ -64,7 +63,10 @@ MOVED = {
 _warned: set[str] = set()
 
 
-class _Alias(importlib.abc.Loader):
+class _Alias:
+    """The loader of an old path: the module at its new path (a loader needs only these two methods; not deriving
+    from ``importlib.abc`` keeps ``import torchbay`` from importing ``importlib.resources`` and what it needs)."""
+
     def __init__(self, new_name: str) -> None:
         self.new_name = new_name
 
@@ -79,7 +81,7 @@ class _Alias(importlib.abc.Loader):
         pass
 
 
-class MovedModuleFinder(importlib.abc.MetaPathFinder):
+class MovedModuleFinder:
     """Answers only the old paths in :data:`MOVED`; every other import passes by."""
 
     def find_spec(self, fullname, path=None, target=None):

@@ -1,8 +1,7 @@
-"""Helpers with Accelerate's names and signatures (what ``accelerate.utils`` offers).
+"""Helpers with Accelerate's names and signatures (what ``accelerate.utils`` offers), each imported on first use from
+the module that implements it (``_LAZY``): the collectives of :mod:`torchbay.data.operations`, the settings objects of
+:mod:`torchbay.config.handlers`, the launchers, the logger...
 
-Defined here: ``get_logger`` and ``tqdm``. The rest is
-imported on first use from the module that implements it (``_EXPORTS``): the collectives of
-:mod:`torchbay.data.operations`, the settings objects of :mod:`torchbay.config.handlers`, the launchers...
 ``is_<name>_available()`` is answered by the installed plugins (a device, a strategy or FP8
 engine) or by whether a library is installed. Names that belong to a sharding strategy or
 other backend come from that backend's plugin when it is installed. Any other Accelerate name
@@ -10,145 +9,328 @@ that torchbay does not offer raises :class:`~torchbay.errors.UnsupportedAPIError
 to use instead (see docs/accelerate-compat.md).
 """
 
-from __future__ import annotations
+from typing import TYPE_CHECKING, Any
 
-import importlib
-import importlib.util
-import logging
-import os
-from typing import Any
+from torchbay._lazy import attach
 
-_EXPORTS = {
-    "torchbay.process.seeding": ["set_seed", "synchronize_rng_state", "synchronize_rng_states"],
-    "torchbay.data.operations": ["CannotPadNestedTensorWarning", "ConvertOutputsToFp32",
-                                 "DistributedOperationException", "broadcast", "is_torch_tensor", "pad_input_tensors",
-                            "broadcast_object_list", "concatenate", "convert_outputs_to_fp32", "convert_to_fp32",
-                            "copy_tensor_to_devices", "find_batch_size", "find_device", "gather", "gather_object",
-                            "get_shape", "honor_type", "listify", "pad_across_processes", "recursively_apply",
-                            "reduce", "send_to_device", "slice_tensors"],
-    "torchbay.config.handlers": ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
-                        "DistributedDataParallelKwargs", "GradScalerKwargs", "GradientAccumulationPlugin",
-                        "InitProcessGroupKwargs", "KwargsHandler", "ProfileKwargs", "ProjectConfiguration"],
-    "torchbay.process.state": ["DistributedType"],
-    "torchbay.big_modeling.device_map": ["check_device_map", "check_device_same", "clean_device_map",
-                            "convert_file_size_to_int", "compute_module_sizes", "compute_module_total_buffer_size",
-                            "find_tied_parameters",
-                            "get_max_layer_size", "get_max_memory", "get_module_children_bottom_up",
-                            "get_module_leaves", "get_module_size_with_ties", "get_non_persistent_buffers",
-                            "id_tensor_storage", "named_module_tensors"],
-    "torchbay.big_modeling.infer": ["get_balanced_memory", "infer_auto_device_map"],
-    "torchbay.big_modeling.loading": ["load_checkpoint_in_model", "load_offloaded_weights",
-                                      "set_module_tensor_to_device"],
-    "torchbay.big_modeling.hooks": ["remove_hook_from_module", "remove_hook_from_submodules"],
-    "torchbay.big_modeling.align_hook": ["align_module_device", "has_offloaded_params"],
-    "torchbay.big_modeling.hook_placement": ["SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING"],
-    "torchbay.big_modeling.offload_index": ["OffloadedWeightsLoader", "PrefixedDataset", "load_offloaded_weight",
-                               "offload_state_dict", "offload_weight", "save_offload_index"],
-    "torchbay.big_modeling.offload": ["calculate_maximum_sizes", "check_tied_parameters_on_same_device",
-                                 "clean_state_dict_for_safetensors", "extract_submodules_state_dict",
-                                 "get_state_dict_from_offload", "get_state_dict_offloaded_model", "load_state_dict",
-                                 "retie_parameters"],
-    "torchbay.tracking.trackers": ["LoggerType"],
-    "torchbay.compile.compiler": ["DynamoBackend", "TorchDynamoPlugin", "compile_regions", "has_compiled_regions"],
-    "torchbay.distributed.parallelism_config": ["ParallelismConfig", "TorchContextParallelConfig",
-                                                "TorchTensorParallelConfig"],
-    "torchbay.launch.notebook": ["clear_environment", "debug_launcher", "notebook_launcher", "patch_environment"],
-    "torchbay.compat.names": ["is_habana_gaudi1"],
-    "torchbay.compat.environment": ["purge_accelerate_environment"],
-    "torchbay.compat.bnb_config": ["BnbQuantizationConfig"],
-    "torchbay.compat.launch_helpers": ["_convert_nargs_to_dict", "convert_dict_to_env_variables",
-                                       "prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env",
-                                       "write_basic_config"],
-    "torchbay.compat.helpers": ["PrecisionType", "RNGType", "TensorInformation",
-                         "check_os_kernel", "compare_versions", "convert_bytes",
-                         "dtype_byte_size", "extract_model_from_parallel", "get_model_tp_size",
-                         "find_executable_batch_size", "get_current_device_type", "get_data_structure",
-                         "get_grad_scaler", "get_int_from_env", "get_mixed_precision_context_manager",
-                         "get_pretty_name", "ignorant_find_batch_size", "initialize_tensors", "is_compiled_module",
-                         "is_namedtuple", "is_peft_model", "is_port_in_use",
-                         "is_tensor_information", "is_torch_version", "load", "merge_dicts",
-                         "parse_choice_from_env", "parse_flag_from_env", "recursive_getattr",
-                         "release_memory", "save", "str_to_bool", "wait_for_everyone"],
+_LAZY = {
+    "set_seed": "torchbay.process.seeding",
+    "synchronize_rng_state": "torchbay.process.seeding",
+    "synchronize_rng_states": "torchbay.process.seeding",
+    "CannotPadNestedTensorWarning": "torchbay.data.operations",
+    "ConvertOutputsToFp32": "torchbay.data.operations",
+    "DistributedOperationException": "torchbay.data.operations",
+    "broadcast": "torchbay.data.operations",
+    "is_torch_tensor": "torchbay.data.operations",
+    "pad_input_tensors": "torchbay.data.operations",
+    "broadcast_object_list": "torchbay.data.operations",
+    "concatenate": "torchbay.data.operations",
+    "convert_outputs_to_fp32": "torchbay.data.operations",
+    "convert_to_fp32": "torchbay.data.operations",
+    "copy_tensor_to_devices": "torchbay.data.operations",
+    "find_batch_size": "torchbay.data.operations",
+    "find_device": "torchbay.data.operations",
+    "gather": "torchbay.data.operations",
+    "gather_object": "torchbay.data.operations",
+    "get_shape": "torchbay.data.operations",
+    "honor_type": "torchbay.data.operations",
+    "listify": "torchbay.data.operations",
+    "pad_across_processes": "torchbay.data.operations",
+    "recursively_apply": "torchbay.data.operations",
+    "reduce": "torchbay.data.operations",
+    "send_to_device": "torchbay.data.operations",
+    "slice_tensors": "torchbay.data.operations",
+    "AutocastKwargs": "torchbay.config.handlers",
+    "DDPCommunicationHookType": "torchbay.config.handlers",
+    "DataLoaderConfiguration": "torchbay.config.handlers",
+    "DistributedDataParallelKwargs": "torchbay.config.handlers",
+    "GradScalerKwargs": "torchbay.config.handlers",
+    "GradientAccumulationPlugin": "torchbay.config.handlers",
+    "InitProcessGroupKwargs": "torchbay.config.handlers",
+    "KwargsHandler": "torchbay.config.handlers",
+    "ProfileKwargs": "torchbay.config.handlers",
+    "ProjectConfiguration": "torchbay.config.handlers",
+    "DistributedType": "torchbay.process.state",
+    "check_device_map": "torchbay.big_modeling.device_map",
+    "check_device_same": "torchbay.big_modeling.device_map",
+    "clean_device_map": "torchbay.big_modeling.device_map",
+    "convert_file_size_to_int": "torchbay.big_modeling.device_map",
+    "compute_module_sizes": "torchbay.big_modeling.device_map",
+    "compute_module_total_buffer_size": "torchbay.big_modeling.device_map",
+    "find_tied_parameters": "torchbay.big_modeling.device_map",
+    "get_max_layer_size": "torchbay.big_modeling.device_map",
+    "get_max_memory": "torchbay.big_modeling.device_map",
+    "get_module_children_bottom_up": "torchbay.big_modeling.device_map",
+    "get_module_leaves": "torchbay.big_modeling.device_map",
+    "get_module_size_with_ties": "torchbay.big_modeling.device_map",
+    "get_non_persistent_buffers": "torchbay.big_modeling.device_map",
+    "id_tensor_storage": "torchbay.big_modeling.device_map",
+    "named_module_tensors": "torchbay.big_modeling.device_map",
+    "get_balanced_memory": "torchbay.big_modeling.infer",
+    "infer_auto_device_map": "torchbay.big_modeling.infer",
+    "load_checkpoint_in_model": "torchbay.big_modeling.loading",
+    "load_offloaded_weights": "torchbay.big_modeling.loading",
+    "set_module_tensor_to_device": "torchbay.big_modeling.loading",
+    "remove_hook_from_module": "torchbay.big_modeling.hooks",
+    "remove_hook_from_submodules": "torchbay.big_modeling.hooks",
+    "align_module_device": "torchbay.big_modeling.align_hook",
+    "has_offloaded_params": "torchbay.big_modeling.align_hook",
+    "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING": "torchbay.big_modeling.hook_placement",
+    "OffloadedWeightsLoader": "torchbay.big_modeling.offload_index",
+    "PrefixedDataset": "torchbay.big_modeling.offload_index",
+    "load_offloaded_weight": "torchbay.big_modeling.offload_index",
+    "offload_state_dict": "torchbay.big_modeling.offload_index",
+    "offload_weight": "torchbay.big_modeling.offload_index",
+    "save_offload_index": "torchbay.big_modeling.offload_index",
+    "calculate_maximum_sizes": "torchbay.big_modeling.offload",
+    "check_tied_parameters_on_same_device": "torchbay.big_modeling.offload",
+    "clean_state_dict_for_safetensors": "torchbay.big_modeling.offload",
+    "extract_submodules_state_dict": "torchbay.big_modeling.offload",
+    "get_state_dict_from_offload": "torchbay.big_modeling.offload",
+    "get_state_dict_offloaded_model": "torchbay.big_modeling.offload",
+    "load_state_dict": "torchbay.big_modeling.offload",
+    "retie_parameters": "torchbay.big_modeling.offload",
+    "LoggerType": "torchbay.tracking.trackers",
+    "DynamoBackend": "torchbay.compile.compiler",
+    "TorchDynamoPlugin": "torchbay.compile.compiler",
+    "compile_regions": "torchbay.compile.compiler",
+    "has_compiled_regions": "torchbay.compile.compiler",
+    "ParallelismConfig": "torchbay.distributed.parallelism_config",
+    "TorchContextParallelConfig": "torchbay.distributed.parallelism_config",
+    "TorchTensorParallelConfig": "torchbay.distributed.parallelism_config",
+    "clear_environment": "torchbay.launch.notebook",
+    "debug_launcher": "torchbay.launch.notebook",
+    "notebook_launcher": "torchbay.launch.notebook",
+    "patch_environment": "torchbay.launch.notebook",
+    "is_habana_gaudi1": "torchbay.compat.names",
+    "purge_accelerate_environment": "torchbay.compat.environment",
+    "BnbQuantizationConfig": "torchbay.compat.bnb_config",
+    "_convert_nargs_to_dict": "torchbay.compat.launch_helpers",
+    "convert_dict_to_env_variables": "torchbay.compat.launch_helpers",
+    "prepare_multi_gpu_env": "torchbay.compat.launch_helpers",
+    "prepare_simple_launcher_cmd_env": "torchbay.compat.launch_helpers",
+    "write_basic_config": "torchbay.compat.launch_helpers",
+    "PrecisionType": "torchbay.compat.helpers",
+    "RNGType": "torchbay.compat.helpers",
+    "TensorInformation": "torchbay.compat.helpers",
+    "check_os_kernel": "torchbay.compat.helpers",
+    "compare_versions": "torchbay.compat.helpers",
+    "convert_bytes": "torchbay.compat.helpers",
+    "dtype_byte_size": "torchbay.compat.helpers",
+    "extract_model_from_parallel": "torchbay.compat.helpers",
+    "get_model_tp_size": "torchbay.compat.helpers",
+    "find_executable_batch_size": "torchbay.compat.helpers",
+    "get_current_device_type": "torchbay.compat.helpers",
+    "get_data_structure": "torchbay.compat.helpers",
+    "get_grad_scaler": "torchbay.compat.helpers",
+    "get_int_from_env": "torchbay.compat.helpers",
+    "get_mixed_precision_context_manager": "torchbay.compat.helpers",
+    "get_pretty_name": "torchbay.compat.helpers",
+    "ignorant_find_batch_size": "torchbay.compat.helpers",
+    "initialize_tensors": "torchbay.compat.helpers",
+    "is_compiled_module": "torchbay.compat.helpers",
+    "is_namedtuple": "torchbay.compat.helpers",
+    "is_peft_model": "torchbay.compat.helpers",
+    "is_port_in_use": "torchbay.compat.helpers",
+    "is_tensor_information": "torchbay.compat.helpers",
+    "is_torch_version": "torchbay.compat.helpers",
+    "load": "torchbay.compat.helpers",
+    "merge_dicts": "torchbay.compat.helpers",
+    "parse_choice_from_env": "torchbay.compat.helpers",
+    "parse_flag_from_env": "torchbay.compat.helpers",
+    "recursive_getattr": "torchbay.compat.helpers",
+    "release_memory": "torchbay.compat.helpers",
+    "save": "torchbay.compat.helpers",
+    "str_to_bool": "torchbay.compat.helpers",
+    "wait_for_everyone": "torchbay.compat.helpers",
+    "MultiProcessAdapter": "torchbay.process.logger",
+    "get_logger": "torchbay.process.logger",
+    "tqdm": "torchbay.tracking.progress",
 }
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted([*_WHERE, "get_logger", "tqdm"])
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value
-        return value
-    if name.startswith("_"):  # (``from torchbay.utils import x`` asks for __path__): no Accelerate name
-        raise AttributeError(f"module 'torchbay.utils' has no attribute {name!r}")
-    from torchbay.compat import names as compat_names
+def _accelerate_name(name: str) -> Any:
+    """Another Accelerate name: ``is_*_available``, a plugin's name, a refusal (torchbay/compat/names.py)."""
+    from torchbay.compat import names
 
-    value = compat_names.resolve(name)  # is_*_available, plugin-provided names, refusals
-    if value is compat_names.MISSING:
+    value = names.resolve(name)
+    if value is names.MISSING:
         raise AttributeError(f"module 'torchbay.utils' has no attribute {name!r}")
     return value
 
 
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = attach(__name__, _LAZY, otherwise=_accelerate_name)
 
+# -- public names for static tools: written from _LAZY by scripts/public_names.py (a test checks them) --
+__all__ = ["AutocastKwargs", "BnbQuantizationConfig", "CannotPadNestedTensorWarning", "ConvertOutputsToFp32",
+           "DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs",
+           "DistributedOperationException", "DistributedType", "DynamoBackend", "GradScalerKwargs",
+           "GradientAccumulationPlugin", "InitProcessGroupKwargs", "KwargsHandler", "LoggerType", "MultiProcessAdapter",
+           "OffloadedWeightsLoader", "ParallelismConfig", "PrecisionType", "PrefixedDataset", "ProfileKwargs",
+           "ProjectConfiguration", "RNGType", "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING", "TensorInformation",
+           "TorchContextParallelConfig", "TorchDynamoPlugin", "TorchTensorParallelConfig", "_convert_nargs_to_dict",
+           "align_module_device", "broadcast", "broadcast_object_list", "calculate_maximum_sizes", "check_device_map",
+           "check_device_same", "check_os_kernel", "check_tied_parameters_on_same_device", "clean_device_map",
+           "clean_state_dict_for_safetensors", "clear_environment", "compare_versions", "compile_regions",
+           "compute_module_sizes", "compute_module_total_buffer_size", "concatenate", "convert_bytes",
+           "convert_dict_to_env_variables", "convert_file_size_to_int", "convert_outputs_to_fp32", "convert_to_fp32",
+           "copy_tensor_to_devices", "debug_launcher", "dtype_byte_size", "extract_model_from_parallel",
+           "extract_submodules_state_dict", "find_batch_size", "find_device", "find_executable_batch_size",
+           "find_tied_parameters", "gather", "gather_object", "get_balanced_memory", "get_current_device_type",
+           "get_data_structure", "get_grad_scaler", "get_int_from_env", "get_logger", "get_max_layer_size",
+           "get_max_memory", "get_mixed_precision_context_manager", "get_model_tp_size",
+           "get_module_children_bottom_up", "get_module_leaves", "get_module_size_with_ties",
+           "get_non_persistent_buffers", "get_pretty_name", "get_shape", "get_state_dict_from_offload",
+           "get_state_dict_offloaded_model", "has_compiled_regions", "has_offloaded_params", "honor_type",
+           "id_tensor_storage", "ignorant_find_batch_size", "infer_auto_device_map", "initialize_tensors",
+           "is_compiled_module", "is_habana_gaudi1", "is_namedtuple", "is_peft_model", "is_port_in_use",
+           "is_tensor_information", "is_torch_tensor", "is_torch_version", "listify", "load",
+           "load_checkpoint_in_model", "load_offloaded_weight", "load_offloaded_weights", "load_state_dict",
+           "merge_dicts", "named_module_tensors", "notebook_launcher", "offload_state_dict", "offload_weight",
+           "pad_across_processes", "pad_input_tensors", "parse_choice_from_env", "parse_flag_from_env",
+           "patch_environment", "prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env",
+           "purge_accelerate_environment", "recursive_getattr", "recursively_apply", "reduce", "release_memory",
+           "remove_hook_from_module", "remove_hook_from_submodules", "retie_parameters", "save", "save_offload_index",
+           "send_to_device", "set_module_tensor_to_device", "set_seed", "slice_tensors", "str_to_bool",
+           "synchronize_rng_state", "synchronize_rng_states", "tqdm", "wait_for_everyone", "write_basic_config"]
 
-def _state():
-    from torchbay.process.state import PartialState
-
-    return PartialState()
-
-
-def _is_main(local: bool) -> bool:
-    return int(os.environ.get("LOCAL_RANK" if local else "RANK", "0")) == 0
-
-
-class MultiProcessAdapter(logging.LoggerAdapter):
-    """Logs on the main process only, unless ``main_process_only=False``; ``in_order=True`` logs
-    every process's message in process order (a collective: call it on every process)."""
-
-    def log(self, level, msg, *args, main_process_only: bool = True, in_order: bool = False, **kwargs):
-        if not self.isEnabledFor(level):
-            return
-        # the record names the caller of logger.info(...), not this method (logging skips its own frames)
-        kwargs.setdefault("stacklevel", 2)
-        if not main_process_only and in_order:
-            state = _state()
-            for index in range(state.num_processes):
-                if index == state.process_index:
-                    m, kw = self.process(msg, dict(kwargs))
-                    self.logger.log(level, m, *args, **kw)
-                    for handler in self.logger.handlers + logging.getLogger().handlers:
-                        handler.flush()
-                state.wait_for_everyone()
-            return
-        if not main_process_only or _is_main(local=False):
-            msg, kwargs = self.process(msg, kwargs)
-            self.logger.log(level, msg, *args, **kwargs)
-
-    def warning_once(self, *args, **kwargs):
-        key = (args, tuple(sorted(kwargs.items())))
-        seen = self.__dict__.setdefault("_warned", set())
-        if key not in seen:
-            seen.add(key)
-            self.warning(*args, **kwargs)
-
-
-def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
-    logger = logging.getLogger(name)
-    level = log_level or os.environ.get("TORCHBAY_LOG_LEVEL")
-    if level:
-        logger.setLevel(level.upper())
-        logger.root.setLevel(level.upper())
-    return MultiProcessAdapter(logger, {})
-
-
-def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any):
-    """``tqdm.auto.tqdm``, disabled on every process but the local main one by default; when stderr
-    is not a terminal (a log file), a few plain lines instead of a redrawn bar (torchbay.tracking.progress)."""
-    from torchbay.tracking.progress import progress_bar
-
-    if args and isinstance(args[0], bool):  # Accelerate's old tqdm(main_process_only, iterable)
-        main_process_only, args = args[0], args[1:]
-    return progress_bar(*args, main_process_only=main_process_only, **kwargs)
-
+if TYPE_CHECKING:
+    from torchbay.big_modeling.align_hook import align_module_device, has_offloaded_params
+    from torchbay.big_modeling.device_map import (
+        check_device_map,
+        check_device_same,
+        clean_device_map,
+        compute_module_sizes,
+        compute_module_total_buffer_size,
+        convert_file_size_to_int,
+        find_tied_parameters,
+        get_max_layer_size,
+        get_max_memory,
+        get_module_children_bottom_up,
+        get_module_leaves,
+        get_module_size_with_ties,
+        get_non_persistent_buffers,
+        id_tensor_storage,
+        named_module_tensors,
+    )
+    from torchbay.big_modeling.hook_placement import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
+    from torchbay.big_modeling.hooks import remove_hook_from_module, remove_hook_from_submodules
+    from torchbay.big_modeling.infer import get_balanced_memory, infer_auto_device_map
+    from torchbay.big_modeling.loading import (
+        load_checkpoint_in_model,
+        load_offloaded_weights,
+        set_module_tensor_to_device,
+    )
+    from torchbay.big_modeling.offload import (
+        calculate_maximum_sizes,
+        check_tied_parameters_on_same_device,
+        clean_state_dict_for_safetensors,
+        extract_submodules_state_dict,
+        get_state_dict_from_offload,
+        get_state_dict_offloaded_model,
+        load_state_dict,
+        retie_parameters,
+    )
+    from torchbay.big_modeling.offload_index import (
+        OffloadedWeightsLoader,
+        PrefixedDataset,
+        load_offloaded_weight,
+        offload_state_dict,
+        offload_weight,
+        save_offload_index,
+    )
+    from torchbay.compat.bnb_config import BnbQuantizationConfig
+    from torchbay.compat.environment import purge_accelerate_environment
+    from torchbay.compat.helpers import (
+        PrecisionType,
+        RNGType,
+        TensorInformation,
+        check_os_kernel,
+        compare_versions,
+        convert_bytes,
+        dtype_byte_size,
+        extract_model_from_parallel,
+        find_executable_batch_size,
+        get_current_device_type,
+        get_data_structure,
+        get_grad_scaler,
+        get_int_from_env,
+        get_mixed_precision_context_manager,
+        get_model_tp_size,
+        get_pretty_name,
+        ignorant_find_batch_size,
+        initialize_tensors,
+        is_compiled_module,
+        is_namedtuple,
+        is_peft_model,
+        is_port_in_use,
+        is_tensor_information,
+        is_torch_version,
+        load,
+        merge_dicts,
+        parse_choice_from_env,
+        parse_flag_from_env,
+        recursive_getattr,
+        release_memory,
+        save,
+        str_to_bool,
+        wait_for_everyone,
+    )
+    from torchbay.compat.launch_helpers import (
+        _convert_nargs_to_dict,
+        convert_dict_to_env_variables,
+        prepare_multi_gpu_env,
+        prepare_simple_launcher_cmd_env,
+        write_basic_config,
+    )
+    from torchbay.compat.names import is_habana_gaudi1
+    from torchbay.compile.compiler import DynamoBackend, TorchDynamoPlugin, compile_regions, has_compiled_regions
+    from torchbay.config.handlers import (
+        AutocastKwargs,
+        DataLoaderConfiguration,
+        DDPCommunicationHookType,
+        DistributedDataParallelKwargs,
+        GradientAccumulationPlugin,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+        KwargsHandler,
+        ProfileKwargs,
+        ProjectConfiguration,
+    )
+    from torchbay.data.operations import (
+        CannotPadNestedTensorWarning,
+        ConvertOutputsToFp32,
+        DistributedOperationException,
+        broadcast,
+        broadcast_object_list,
+        concatenate,
+        convert_outputs_to_fp32,
+        convert_to_fp32,
+        copy_tensor_to_devices,
+        find_batch_size,
+        find_device,
+        gather,
+        gather_object,
+        get_shape,
+        honor_type,
+        is_torch_tensor,
+        listify,
+        pad_across_processes,
+        pad_input_tensors,
+        recursively_apply,
+        reduce,
+        send_to_device,
+        slice_tensors,
+    )
+    from torchbay.distributed.parallelism_config import (
+        ParallelismConfig,
+        TorchContextParallelConfig,
+        TorchTensorParallelConfig,
+    )
+    from torchbay.launch.notebook import clear_environment, debug_launcher, notebook_launcher, patch_environment
+    from torchbay.process.logger import MultiProcessAdapter, get_logger
+    from torchbay.process.seeding import set_seed, synchronize_rng_state, synchronize_rng_states
+    from torchbay.process.state import DistributedType
+    from torchbay.tracking.progress import tqdm
+    from torchbay.tracking.trackers import LoggerType
+# -- end of the names written by scripts/public_names.py --

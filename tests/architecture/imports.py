@@ -2,6 +2,11 @@
 ``if TYPE_CHECKING:`` do not run and are left out): the core's layers, and for the core and every in-repo plugin
 package (``plugins/**/torchbay_*``) its runtime cycles and its share of imports made inside functions.
 
+A lazy table is an import too: each entry of a ``_LAZY`` table that a core module serves through
+``torchbay._lazy.attach`` (and of ``torchbay._moved``'s table of 0.1 paths) imports the module it names on first use,
+so it is an edge of the layer and cycle checks like any ``import`` statement (not of the share of imports inside
+functions, which counts import statements).
+
 ``python tests/architecture/imports.py`` prints the table of docs/architecture.md, "Imports inside functions"."""
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ START_UP_DEFERRED = ("torchbay.cli", "torchbay.compat.accelerate_cli", "torchbay
 
 #: docs/architecture.md, "Layers": a runtime import may only point to the same layer or one below
 LAYERS = [
-    ("__init__", "errors", "_lazy", "_moved"),
+    ("errors", "_lazy", "_version"),
     ("config", "distributed", "compile", "checkpoint.files", "checkpoint.full_state", "checkpoint.publish",
      "checkpoint.inplace", "checkpoint.safe_load", "compat.finder", "compat.surface"),
     ("axes",),
@@ -39,8 +44,15 @@ LAYERS = [
     ("compat",),
     ("accelerator",),
     ("utils", "state", "wrappers", "launchers", "cli", "testing", "compat.commands", "compat.accelerate_cli",
-     "compat.config_commands", "compat.launch_helpers", "compat.launch_namespace", "compat.launch_validation"),
+     "compat.config_commands", "compat.launch_helpers", "compat.launch_namespace", "compat.launch_validation",
+     "_moved"),
 ]
+#: façades: a package ``__init__`` that serves names of modules above its own room (its lazy table) sits at the layer
+#: of the highest of them; its submodules keep their room's layer (importing ``torchbay.x.y`` runs the façade
+#: ``torchbay.x`` first, which imports only ``torchbay._lazy`` until a name is read)
+FACADES = {"__init__": 8, "plugin": 8, "config": 3}
+#: the lazy tables that are not handed to ``attach``: module -> the name of its table of module paths
+OTHER_LAZY_TABLES = {"torchbay._moved": "MOVED"}
 # a plugin inside the core: it may import layers 0-5 (up to the services), and no core module imports it
 PLUGIN_LAYER = "builtin"
 BUILTIN_MAY_IMPORT = 5
@@ -59,6 +71,8 @@ def layer_of(module: str) -> int | str:
     inner = module.removeprefix("torchbay").lstrip(".") or "__init__"
     if inner.split(".")[0] == PLUGIN_LAYER:
         return PLUGIN_LAYER
+    if inner in FACADES:
+        return FACADES[inner]
     best, best_len = None, -1
     for index, names in enumerate(LAYERS):
         for name in names:
@@ -140,12 +154,37 @@ def plugin_packages() -> list[Path]:
                   if (path / "__init__.py").is_file() and "tests" not in path.relative_to(PLUGINS).parts)
 
 
-def import_edges(package: Path = CORE) -> list[tuple[str, str, int, bool]]:
+def lazy_tables(path: Path, name: str) -> list[tuple[str, int]]:
+    """``(module named by a lazy table, line)`` for each entry of the module's lazy tables: the table handed to
+    ``attach`` (a literal dict, or the name of one assigned at the top level) and those of :data:`OTHER_LAZY_TABLES`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    assigned = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+                for target in node.targets if isinstance(target, ast.Name)}
+    tables = [assigned[OTHER_LAZY_TABLES[name]]] if name in OTHER_LAZY_TABLES else []
+    for node in tree.body:
+        call = node.value if isinstance(node, ast.Assign) else None
+        if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "attach" and len(call.args) > 1:
+            table = call.args[1]
+            tables.append(assigned.get(table.id) if isinstance(table, ast.Name) else table)
+    found = []
+    for table in tables:
+        if not isinstance(table, ast.Dict):
+            raise ValueError(f"{path}: a lazy table that is not a literal dict (tests/architecture reads it as edges)")
+        found.extend((value.value, value.lineno) for value in table.values
+                     if isinstance(value, ast.Constant) and str(value.value).startswith("torchbay"))
+    return found
+
+
+def import_edges(package: Path = CORE, lazy: bool = True) -> list[tuple[str, str, int, bool]]:
     """``(importer, imported, line, inside a function)`` for every runtime import of torchbay's code made by a
-    module of ``package`` (by default the core: the imports between core modules)."""
+    module of ``package`` (by default the core: the imports between core modules), with the entries of its lazy
+    tables (each an import at module level) unless ``lazy`` is False."""
     edges = []
     for name, path in sorted(package_modules(package).items()):
-        for target, line, in_function in runtime_imports(path, name, package):
+        found = runtime_imports(path, name, package)
+        if lazy:
+            found += [(target, line, False) for target, line in lazy_tables(path, name)]
+        for target, line, in_function in found:
             if target != name:
                 edges.append((name, target, line, in_function))
     return edges
@@ -217,7 +256,7 @@ def function_level_limit(total: int) -> int:
 
 def share_edges(package: Path = CORE) -> list[tuple[str, str, int, bool]]:
     """The imports the share counts: the package's, less the core's :data:`START_UP_DEFERRED` modules."""
-    return [e for e in import_edges(package) if not e[0].startswith(START_UP_DEFERRED)]
+    return [e for e in import_edges(package, lazy=False) if not e[0].startswith(START_UP_DEFERRED)]
 
 
 def problems(package: Path) -> list[str]:

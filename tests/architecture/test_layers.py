@@ -1,6 +1,7 @@
 """Imports point one way (docs/architecture.md, "Layers"): every runtime import of a core module, at module
-level or inside a function (``if TYPE_CHECKING:`` exempt), goes to its own layer or one below; nothing in the
-core imports ``builtin``; there is no runtime import cycle; each module imports alone."""
+level or inside a function (``if TYPE_CHECKING:`` exempt), and every entry of a lazy table (torchbay/_lazy.py), goes
+to its own layer or one below; nothing in the core imports ``builtin``; there is no runtime import cycle; each module
+imports alone."""
 
 from __future__ import annotations
 
@@ -86,3 +87,17 @@ def test_each_module_imports_alone():
     proc = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert not proc.stdout.strip(), proc.stdout
+
+
+def test_the_checker_counts_lazy_tables(tmp_path):
+    """A name served on first use is an import: the table handed to ``attach`` gives edges, and the façades are
+    read that way (the top-level package reaches the Accelerator through its table)."""
+    module = tmp_path / "facade.py"
+    module.write_text('from torchbay._lazy import attach\n\n_LAZY = {\n    "Accelerator": '
+                      '"torchbay.accelerator.accelerator",\n}\n__getattr__, __dir__ = attach(__name__, _LAZY)\n')
+    assert imports.lazy_tables(module, "torchbay.config.facade") == [("torchbay.accelerator.accelerator", 4)]
+    edges = _edges()
+    assert ("torchbay", "torchbay.accelerator.accelerator") in {(e[0], e[1]) for e in edges}
+    assert ("torchbay._moved", "torchbay.axes.strategy") in {(e[0], e[1]) for e in edges}
+    assert imports.upward([("torchbay.config.facade", "torchbay.accelerator.accelerator", 4, False)])
+    assert imports.layer_of("torchbay.plugin") > imports.layer_of("torchbay.plugin.manager")

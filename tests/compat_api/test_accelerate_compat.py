@@ -11,7 +11,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorData
 import torchbay
 from torchbay import Accelerator, DistributedType, GradientAccumulationPlugin, PartialState
 from torchbay.compat.names import UnsupportedAPIError
-from torchbay.data.loader import SeedableRandomSampler, prepare_data_loader
+from torchbay.data import SeedableRandomSampler, prepare_data_loader
 from torchbay.errors import TorchbayError
 from torchbay.utils import find_executable_batch_size, set_seed
 

@@ -6,8 +6,18 @@ checkpointer), ``surface`` (Accelerate-only arguments); the Accelerate-only prop
 ``torchbay.compat.accelerator_views``.
 """
 
-from torchbay._lazy import serve_names
+from typing import TYPE_CHECKING
 
-__all__ = ['Accelerator']
-_IMPLEMENTATION = "torchbay.accelerator.accelerator"
-__getattr__, __dir__ = serve_names(__name__, {_IMPLEMENTATION: __all__}, fallback=(_IMPLEMENTATION,))
+from torchbay._lazy import attach
+
+_LAZY = {
+    "Accelerator": "torchbay.accelerator.accelerator",
+}
+__getattr__, __dir__ = attach(__name__, _LAZY)
+
+# -- public names for static tools: written from _LAZY by scripts/public_names.py (a test checks them) --
+__all__ = ["Accelerator"]
+
+if TYPE_CHECKING:
+    from torchbay.accelerator.accelerator import Accelerator
+# -- end of the names written by scripts/public_names.py --

@@ -19,13 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchbay._lazy import attach
 from torchbay.errors import ConfigError
 from torchbay.process.state import DistributedType
 
-if TYPE_CHECKING:  # pragma: no cover
-    from torchbay.accelerator.accelerator import Accelerator
+_LAZY = {"Accelerator": "torchbay.accelerator.accelerator"}  # accelerate.local_sgd's names: imported on use
+__getattr__, __dir__ = attach(__name__, _LAZY)
 
+# -- public names for static tools: written from _LAZY by scripts/public_names.py (a test checks them) --
 __all__ = ["Accelerator", "DistributedType", "LocalSGD"]
+
+if TYPE_CHECKING:
+    from torchbay.accelerator.accelerator import Accelerator
+# -- end of the names written by scripts/public_names.py --
 
 #: strategies whose every process holds the whole model (the core's two)
 REPLICATING_STRATEGIES = ("single", "ddp")
@@ -79,10 +85,3 @@ class LocalSGD:
         for param in self.model.parameters():
             param.data.copy_(self.accelerator.reduce(param.data, reduction="mean"))
 
-
-def __getattr__(name: str) -> Any:
-    if name == "Accelerator":  # accelerate.local_sgd's names: imported on use, not with this module
-        from torchbay.accelerator.accelerator import Accelerator
-
-        return Accelerator
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,6 +30,7 @@ import sys
 import types
 from typing import Any, Iterator
 
+from torchbay._version import __version__ as torchbay_version
 from torchbay.errors import ConfigError, UnsupportedAPIError
 
 #: the environment variable that switches the serving on, in every process that sees it
@@ -51,7 +52,7 @@ MODULES = {
     "accelerate.commands.estimate": "torchbay.compat.config_commands",
     "accelerate.commands.launch": "torchbay.compat.commands",
     "accelerate.commands.test": "torchbay.compat.config_commands",
-    "accelerate.data_loader": "torchbay.data.loader",
+    "accelerate.data_loader": "torchbay.data",
     "accelerate.hooks": "torchbay.compat.hooks",
     "accelerate.launchers": "torchbay.launch.notebook",
     "accelerate.local_sgd": "torchbay.accelerator.local_sgd",
@@ -62,8 +63,11 @@ MODULES = {
     "accelerate.state": "torchbay.state",
     "accelerate.tracking": "torchbay.tracking",
     "accelerate.utils": "torchbay.utils",
-    "accelerate.utils.launch": "torchbay.compat.launch_helpers",  # (accelerate.utils' other names through it)
+    "accelerate.utils.launch": "torchbay.compat.launch_helpers",
 }
+#: stand-ins whose torchbay module answers part of the Accelerate module: the other names come from this one
+#: (``accelerate.utils.launch`` also holds ``accelerate.utils``' names, which torchbay.utils serves)
+ALSO_FROM = {"accelerate.utils.launch": "torchbay.utils"}
 
 #: Accelerate's command modules whose command a plugin serves, by that command: the module named by the plugin's
 #: accelerate.yaml (``api: commands``) answers for it (:mod:`torchbay.compat.plugin_commands` finds it); without
@@ -116,9 +120,7 @@ def switch_requested(environ: Any = None) -> bool:
 
 def served_version() -> str:
     """``accelerate.__version__`` and the distribution's version while torchbay serves it."""
-    import torchbay
-
-    return f"{ACCELERATE_API_LEVEL}+torchbay{torchbay.__version__}"
+    return f"{ACCELERATE_API_LEVEL}+torchbay{torchbay_version}"
 
 
 class _StandIn(types.ModuleType):
@@ -140,6 +142,11 @@ class _StandIn(types.ModuleType):
         try:
             return getattr(importlib.import_module(self._torchbay_target), name)
         except (AttributeError, UnsupportedAPIError) as missing:
+            if isinstance(missing, AttributeError) and self.__name__ in ALSO_FROM:
+                try:
+                    return getattr(importlib.import_module(ALSO_FROM[self.__name__]), name)
+                except (AttributeError, UnsupportedAPIError) as also_missing:
+                    missing = also_missing
             from torchbay.compat import surface
 
             # a name of Accelerate's surface that torchbay does not serve imports as a placeholder saying why

@@ -40,15 +40,6 @@ MPIRUN_SPELLINGS = {b"Open MPI": ("--hostfile", "--npernode", "-n", ["--bind-to"
                     None: ("-f", "-ppn", "-n", [])}
 
 
-def __getattr__(name: str) -> Any:
-    """``accelerate.utils.launch``'s other names are ``accelerate.utils``' (torchbay.utils answers them)."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    import torchbay.utils
-
-    return getattr(torchbay.utils, name)
-
-
 def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
     """``["KEY=value\\n", ...]`` for the variables safe to write to an environment file; each other one is skipped
     with a warning naming it."""

@@ -20,7 +20,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 from torchbay.data.epoch import DataLoaderStateMixin, EpochBatches, EpochRng
 from torchbay.data.gradient_state import GradientState
 from torchbay.data.operations import send_to_device
-from torchbay.data.sharding import (  # noqa: F401 (Accelerate's names, served from accelerate.data_loader)
+from torchbay.data.sharding import (  # noqa: F401 (still read from here; torchbay.data serves Accelerate's names)
     BatchSamplerShard,
     IterableDatasetShard,
     SeedableRandomSampler,
@@ -286,15 +286,3 @@ class SkipFirstBatches(DataLoader):
     def __setattr__(self, name, value):
         setattr(self.loader, name, value)
 
-
-#: names of ``accelerate.data_loader`` implemented beside this module (it answers for that module)
-_BESIDE = {"DataLoaderDispatcher": "torchbay.data.dispatch", "prepare_data_loader": "torchbay.data.prepare",
-           "skip_first_batches": "torchbay.data.prepare"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _BESIDE:
-        import importlib
-
-        return getattr(importlib.import_module(_BESIDE[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

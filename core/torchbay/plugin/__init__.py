@@ -10,40 +10,105 @@ is internal and may move. Names are imported on first use, so importing this pac
 >>> TORCHBAY_PLUGIN_API = (1, 0)
 """
 
-from torchbay._lazy import serve_names
+from typing import TYPE_CHECKING
 
-_SOURCES = {
-    "torchbay.plugin.api_version": ["API_VERSION"],
-    "torchbay.plugin.manager": ["hookimpl"],
-    "torchbay.plugin.lazy_class": ["LazyClass"],
-    "torchbay.plugin.info": ["library_version"],
-    "torchbay.plugin.context": ["RunContext"],
+from torchbay._lazy import attach
+
+_LAZY = {
+    "API_VERSION": "torchbay.plugin.api_version",
+    "hookimpl": "torchbay.plugin.manager",
+    "LazyClass": "torchbay.plugin.lazy_class",
+    "library_version": "torchbay.plugin.info",
+    "RunContext": "torchbay.plugin.context",
     # the axes a plugin implements
-    "torchbay.axes.device": ["DeviceBackend"],
-    "torchbay.axes.strategy": ["Strategy", "MemoryEstimate", "optimizer_owners"],
-    "torchbay.axes.precision": ["Precision"],
-    "torchbay.axes.checkpoint_io": ["CheckpointIO"],
-    "torchbay.axes.cluster": ["ClusterEnvironment"],
-    "torchbay.tracking.trackers": ["GeneralTracker", "TrackerError", "say"],
-    "torchbay.tracking.values": ["flatten", "hparam_value", "split_scalars", "to_python"],
-    "torchbay.tracking.jsonl": ["read_scalars"],
+    "DeviceBackend": "torchbay.axes.device",
+    "Strategy": "torchbay.axes.strategy",
+    "MemoryEstimate": "torchbay.axes.strategy",
+    "optimizer_owners": "torchbay.axes.strategy",
+    "Precision": "torchbay.axes.precision",
+    "CheckpointIO": "torchbay.axes.checkpoint_io",
+    "ClusterEnvironment": "torchbay.axes.cluster",
+    # trackers: the base class, its error, what a tracker plugin turns logged values into
+    "GeneralTracker": "torchbay.tracking.trackers",
+    "TrackerError": "torchbay.tracking.trackers",
+    "say": "torchbay.tracking.trackers",
+    "flatten": "torchbay.tracking.values",
+    "hparam_value": "torchbay.tracking.values",
+    "split_scalars": "torchbay.tracking.values",
+    "to_python": "torchbay.tracking.values",
+    "read_scalars": "torchbay.tracking.jsonl",
     # configuration a plugin adds: its section, its Accelerate-config fragment, its CLI flags
-    "torchbay.config.model": ["Section"],
-    "torchbay.plugin.fragments": ["read_fragment"],
-    "torchbay.cli.options": ["add_section_options"],
-    "torchbay.distributed.parallelism_config": ["ParallelismConfig", "MESH_ORDER"],
+    "Section": "torchbay.config.model",
+    "read_fragment": "torchbay.plugin.fragments",
+    "add_section_options": "torchbay.cli.options",
+    "ParallelismConfig": "torchbay.distributed.parallelism_config",
+    "MESH_ORDER": "torchbay.distributed.parallelism_config",
     # Accelerate's config files as torchbay reads them (for an `accelerate` command a plugin serves; API 1.2)
-    "torchbay.compat.accelerate_config_file": ["load_config_from_file", "default_config_file"],
+    "load_config_from_file": "torchbay.compat.accelerate_config_file",
+    "default_config_file": "torchbay.compat.accelerate_config_file",
     # checkpoints: safe loading, the files a save wrote, publishing a model folder
-    "torchbay.checkpoint.safe_load": ["safe_torch_load", "dcp_load", "dcp_load_full"],
-    "torchbay.checkpoint.files": ["file_record", "fsync_dir", "dcp_files_of_rank"],
-    "torchbay.checkpoint.publish": ["read_manifest", "remove_own_checkpoint"],
-    "torchbay.checkpoint.checkpointer": ["publish_model"],
-    "torchbay.checkpoint.async_save": ["StagingBuffer"],
-    "torchbay.accelerator.prepared": ["PreparedScheduler"],
-    "torchbay.errors": ["TorchbayError", "ConfigError", "CheckpointError", "IncompatibleSetupError", "PluginError",
-                        "LaunchError"],
+    "safe_torch_load": "torchbay.checkpoint.safe_load",
+    "dcp_load": "torchbay.checkpoint.safe_load",
+    "dcp_load_full": "torchbay.checkpoint.safe_load",
+    "file_record": "torchbay.checkpoint.files",
+    "fsync_dir": "torchbay.checkpoint.files",
+    "dcp_files_of_rank": "torchbay.checkpoint.files",
+    "read_manifest": "torchbay.checkpoint.publish",
+    "remove_own_checkpoint": "torchbay.checkpoint.publish",
+    "publish_model": "torchbay.checkpoint.checkpointer",
+    "StagingBuffer": "torchbay.checkpoint.async_save",
+    "PreparedScheduler": "torchbay.accelerator.prepared",
+    # the exceptions
+    "TorchbayError": "torchbay.errors",
+    "ConfigError": "torchbay.errors",
+    "CheckpointError": "torchbay.errors",
+    "IncompatibleSetupError": "torchbay.errors",
+    "PluginError": "torchbay.errors",
+    "LaunchError": "torchbay.errors",
 }
+__getattr__, __dir__ = attach(__name__, _LAZY)
 
-__all__ = sorted(name for names in _SOURCES.values() for name in names)
-__getattr__, __dir__ = serve_names(__name__, _SOURCES)
+# -- public names for static tools: written from _LAZY by scripts/public_names.py (a test checks them) --
+__all__ = ["API_VERSION", "CheckpointError", "CheckpointIO", "ClusterEnvironment", "ConfigError", "DeviceBackend",
+           "GeneralTracker", "IncompatibleSetupError", "LaunchError", "LazyClass", "MESH_ORDER", "MemoryEstimate",
+           "ParallelismConfig", "PluginError", "Precision", "PreparedScheduler", "RunContext", "Section",
+           "StagingBuffer", "Strategy", "TorchbayError", "TrackerError", "add_section_options", "dcp_files_of_rank",
+           "dcp_load", "dcp_load_full", "default_config_file", "file_record", "flatten", "fsync_dir", "hookimpl",
+           "hparam_value", "library_version", "load_config_from_file", "optimizer_owners", "publish_model",
+           "read_fragment", "read_manifest", "read_scalars", "remove_own_checkpoint", "safe_torch_load", "say",
+           "split_scalars", "to_python"]
+
+if TYPE_CHECKING:
+    from torchbay.accelerator.prepared import PreparedScheduler
+    from torchbay.axes.checkpoint_io import CheckpointIO
+    from torchbay.axes.cluster import ClusterEnvironment
+    from torchbay.axes.device import DeviceBackend
+    from torchbay.axes.precision import Precision
+    from torchbay.axes.strategy import MemoryEstimate, Strategy, optimizer_owners
+    from torchbay.checkpoint.async_save import StagingBuffer
+    from torchbay.checkpoint.checkpointer import publish_model
+    from torchbay.checkpoint.files import dcp_files_of_rank, file_record, fsync_dir
+    from torchbay.checkpoint.publish import read_manifest, remove_own_checkpoint
+    from torchbay.checkpoint.safe_load import dcp_load, dcp_load_full, safe_torch_load
+    from torchbay.cli.options import add_section_options
+    from torchbay.compat.accelerate_config_file import default_config_file, load_config_from_file
+    from torchbay.config.model import Section
+    from torchbay.distributed.parallelism_config import MESH_ORDER, ParallelismConfig
+    from torchbay.errors import (
+        CheckpointError,
+        ConfigError,
+        IncompatibleSetupError,
+        LaunchError,
+        PluginError,
+        TorchbayError,
+    )
+    from torchbay.plugin.api_version import API_VERSION
+    from torchbay.plugin.context import RunContext
+    from torchbay.plugin.fragments import read_fragment
+    from torchbay.plugin.info import library_version
+    from torchbay.plugin.lazy_class import LazyClass
+    from torchbay.plugin.manager import hookimpl
+    from torchbay.tracking.jsonl import read_scalars
+    from torchbay.tracking.trackers import GeneralTracker, TrackerError, say
+    from torchbay.tracking.values import flatten, hparam_value, split_scalars, to_python
+# -- end of the names written by scripts/public_names.py --

@@ -15,6 +15,14 @@ LINE_INTERVAL_S = 30.0
 LINE_FRACTION_STEP = 0.1
 
 
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any):
+    """``tqdm.auto.tqdm``, disabled on every process but the local main one by default; when stderr
+    is not a terminal (a log file), a few plain lines instead of a redrawn bar (Accelerate's ``tqdm``)."""
+    if args and isinstance(args[0], bool):  # Accelerate's old tqdm(main_process_only, iterable)
+        main_process_only, args = args[0], args[1:]
+    return progress_bar(*args, main_process_only=main_process_only, **kwargs)
+
+
 def progress_bar(*args: Any, main_process_only: bool = True, **kwargs: Any):
     """A tqdm bar, disabled on every process but the local main one by default."""
     if main_process_only:

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import MutableMapping
 from typing import Any, Iterator, Mapping
 
+from torchbay._lazy import attach
 from torchbay.plugin.lazy_class import loaded
 from torchbay.tracking import trackers
 from torchbay.tracking.trackers import (  # noqa: F401 (Accelerate-convention helpers, read from here)
@@ -122,5 +123,4 @@ def _class_name(cls: Any) -> str:
     return target.rpartition(":")[2] if isinstance(target, str) else getattr(cls, "__name__", "")
 
 
-def __getattr__(attr: str) -> Any:
-    return accelerate_class(attr)
+__getattr__, __dir__ = attach(__name__, {}, otherwise=accelerate_class)  # the tracker classes, by Accelerate's names
