@@ -12,10 +12,9 @@ import importlib
 import importlib.util
 
 from torchbay import _moved
+from torchbay._version import __version__ as __version__
 
 _moved.install()  # the 0.1 module paths, for one release (torchbay/_moved.py)
-
-__version__ = "0.2.0"
 
 _EXPORTS = {
     "torchbay.accelerator.accelerator": ["Accelerator"],
@@ -26,7 +25,7 @@ _EXPORTS = {
     "torchbay.big_modeling.hooks": ["remove_hook_from_module", "remove_hook_from_submodules"],
     "torchbay.axes.checkpoint_io": ["CheckpointIO"],
     "torchbay.axes.cluster": ["ClusterEnvironment"],
-    "torchbay.config.resolve": ["resolve_config"],
+    "torchbay.plugin.resolve": ["resolve_config"],
     "torchbay.axes.device": ["DeviceBackend"],
     "torchbay.errors": ["CheckpointError", "ConfigError", "IncompatibleSetupError", "LaunchError", "PluginError",
                         "TorchbayError"],

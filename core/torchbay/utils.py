@@ -56,7 +56,7 @@ _EXPORTS = {
     "torchbay.compat.names": ["is_habana_gaudi1"],
     "torchbay.compat.environment": ["purge_accelerate_environment"],
     "torchbay.compat.bnb_config": ["BnbQuantizationConfig"],
-    "torchbay.compat.launch_helpers": ["_convert_nargs_to_dict", "convert_dict_to_env_variables",
+    "torchbay.cli.accelerate.launch_helpers": ["_convert_nargs_to_dict", "convert_dict_to_env_variables",
                                        "prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env",
                                        "write_basic_config"],
     "torchbay.compat.helpers": ["PrecisionType", "RNGType", "TensorInformation",

@@ -17,7 +17,7 @@ _SOURCES = {
     "torchbay.plugin.manager": ["hookimpl"],
     "torchbay.plugin.lazy_class": ["LazyClass"],
     "torchbay.plugin.info": ["library_version"],
-    "torchbay.plugin.context": ["RunContext"],
+    "torchbay.axes.context": ["RunContext"],
     # the axes a plugin implements
     "torchbay.axes.device": ["DeviceBackend"],
     "torchbay.axes.strategy": ["Strategy", "MemoryEstimate", "optimizer_owners"],
@@ -35,9 +35,9 @@ _SOURCES = {
     # Accelerate's config files as torchbay reads them (for an `accelerate` command a plugin serves; API 1.2)
     "torchbay.compat.accelerate_config_file": ["load_config_from_file", "default_config_file"],
     # checkpoints: safe loading, the files a save wrote, publishing a model folder
-    "torchbay.checkpoint.safe_load": ["safe_torch_load", "dcp_load", "dcp_load_full"],
-    "torchbay.checkpoint.files": ["file_record", "fsync_dir", "dcp_files_of_rank"],
-    "torchbay.checkpoint.publish": ["read_manifest", "remove_own_checkpoint"],
+    "torchbay.storage.safe_load": ["safe_torch_load", "dcp_load", "dcp_load_full"],
+    "torchbay.storage.files": ["file_record", "fsync_dir", "dcp_files_of_rank"],
+    "torchbay.storage.publish": ["read_manifest", "remove_own_checkpoint"],
     "torchbay.checkpoint.checkpointer": ["publish_model"],
     "torchbay.checkpoint.async_save": ["StagingBuffer"],
     "torchbay.accelerator.prepared": ["PreparedScheduler"],

@@ -30,6 +30,7 @@ import sys
 import types
 from typing import Any, Iterator
 
+from torchbay._version import __version__
 from torchbay.errors import ConfigError, UnsupportedAPIError
 
 #: the environment variable that switches the serving on, in every process that sees it
@@ -43,14 +44,14 @@ MODULES = {
     "accelerate.accelerator": "torchbay.accelerator.accelerator",
     "accelerate.big_modeling": "torchbay.big_modeling.modeling",
     "accelerate.checkpointing": "torchbay.utils",
-    "accelerate.commands": "torchbay.compat.commands",
-    "accelerate.commands.accelerate_cli": "torchbay.compat.accelerate_cli",
-    "accelerate.commands.config": "torchbay.compat.commands",
-    "accelerate.commands.config.default": "torchbay.compat.config_commands",
-    "accelerate.commands.env": "torchbay.compat.config_commands",
-    "accelerate.commands.estimate": "torchbay.compat.config_commands",
-    "accelerate.commands.launch": "torchbay.compat.commands",
-    "accelerate.commands.test": "torchbay.compat.config_commands",
+    "accelerate.commands": "torchbay.cli.accelerate.commands",
+    "accelerate.commands.accelerate_cli": "torchbay.cli.accelerate.main",
+    "accelerate.commands.config": "torchbay.cli.accelerate.commands",
+    "accelerate.commands.config.default": "torchbay.cli.accelerate.config_commands",
+    "accelerate.commands.env": "torchbay.cli.accelerate.config_commands",
+    "accelerate.commands.estimate": "torchbay.cli.accelerate.config_commands",
+    "accelerate.commands.launch": "torchbay.cli.accelerate.commands",
+    "accelerate.commands.test": "torchbay.cli.accelerate.config_commands",
     "accelerate.data_loader": "torchbay.data.loader",
     "accelerate.hooks": "torchbay.compat.hooks",
     "accelerate.launchers": "torchbay.launch.notebook",
@@ -62,21 +63,21 @@ MODULES = {
     "accelerate.state": "torchbay.state",
     "accelerate.tracking": "torchbay.tracking",
     "accelerate.utils": "torchbay.utils",
-    "accelerate.utils.launch": "torchbay.compat.launch_helpers",  # (accelerate.utils' other names through it)
+    "accelerate.utils.launch": "torchbay.cli.accelerate.launch_helpers",  # (accelerate.utils' other names through it)
 }
 
 #: Accelerate's command modules whose command a plugin serves, by that command: the module named by the plugin's
-#: accelerate.yaml (``api: commands``) answers for it (:mod:`torchbay.compat.plugin_commands` finds it); without
+#: accelerate.yaml (``api: commands``) answers for it (:mod:`torchbay.cli.accelerate.plugin_commands` finds it); without
 #: that plugin, the module's names import as placeholders saying which distribution to install
 PLUGIN_COMMAND_MODULES = {"accelerate.commands.to_fsdp2": "to-fsdp2", "accelerate.commands.tpu": "tpu-config"}
 #: the torchbay module that tells which plugin module answers for one of :data:`PLUGIN_COMMAND_MODULES`
-PLUGIN_COMMANDS = "torchbay.compat.plugin_commands"
+PLUGIN_COMMANDS = "torchbay.cli.accelerate.plugin_commands"
 
 #: Accelerate's logger -> the torchbay module that logs what Accelerate logs there (when the two
 #: differ from the module mapping above): a script listening on Accelerate's logger hears torchbay's
 LOGGERS = {
-    "accelerate.utils.environment": "torchbay.compat.launch_helpers",
-    "accelerate.utils.launch": "torchbay.compat.launch_helpers",
+    "accelerate.utils.environment": "torchbay.cli.accelerate.launch_helpers",
+    "accelerate.utils.launch": "torchbay.cli.accelerate.launch_helpers",
     "accelerate.utils.other": "torchbay.compat.helpers",
 }
 
@@ -89,8 +90,8 @@ def served_modules() -> dict[str, str]:
     """:data:`MODULES` and accelerate.utils' own modules, each answered by torchbay.utils (which serves every
     accelerate.utils name) unless :data:`MODULES` names another; their names are listed in
     compat/resources/library_names.yaml."""
-    from torchbay.compat import surface
     from torchbay.config.files import read_packaged_yaml
+    from torchbay.switch import surface
 
     submodules = read_packaged_yaml("torchbay", LIBRARY_NAMES)["utils_submodules"]
     served = {**{f"accelerate.utils.{name}": "torchbay.utils" for name in submodules}, **MODULES,  # MODULES' win
@@ -116,9 +117,7 @@ def switch_requested(environ: Any = None) -> bool:
 
 def served_version() -> str:
     """``accelerate.__version__`` and the distribution's version while torchbay serves it."""
-    import torchbay
-
-    return f"{ACCELERATE_API_LEVEL}+torchbay{torchbay.__version__}"
+    return f"{ACCELERATE_API_LEVEL}+torchbay{__version__}"
 
 
 class _StandIn(types.ModuleType):
@@ -140,7 +139,7 @@ class _StandIn(types.ModuleType):
         try:
             return getattr(importlib.import_module(self._torchbay_target), name)
         except (AttributeError, UnsupportedAPIError) as missing:
-            from torchbay.compat import surface
+            from torchbay.switch import surface
 
             # a name of Accelerate's surface that torchbay does not serve imports as a placeholder saying why
             value = surface.answer(self.__name__, name, self.__dict__["_torchbay_advice"] or _advice(missing))
