@@ -23,7 +23,7 @@ from torchbay.compat.accelerate_config_file import (  # noqa: F401 (accelerate.c
 def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     """Accelerate's ``accelerate launch`` parser: Accelerate's namespace (``multi_gpu``, ``use_fsdp``,
     ``num_processes``, ``training_script``...), made from torchbay launch's flags and the Accelerate tables
-    (compat/launch_namespace.py); ``launch_command`` runs what it parsed through torchbay."""
+    (launch_namespace.py); ``launch_command`` runs what it parsed through torchbay."""
     from torchbay.cli.accelerate.launch_namespace import build_launch_parser
 
     return build_launch_parser()
@@ -31,7 +31,7 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, Any, bool]:
     """``(args, the config file's settings or None, whether mixed_precision came from it)``: ``args`` completed from
-    the Accelerate config file the launch reads, as Accelerate completes it (compat/launch_validation.py)."""
+    the Accelerate config file the launch reads, as Accelerate completes it (launch_validation.py)."""
     from torchbay.cli.accelerate.launch_validation import validate_launch_command
 
     return validate_launch_command(args)

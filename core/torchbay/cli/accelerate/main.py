@@ -12,7 +12,7 @@ real Accelerate installs): each of its subcommands, with Accelerate's spellings,
 ``accelerate test``       ``torchbay test``
 ``accelerate estimate-memory``, ``merge-weights``: torchbay's commands of the same role
 ``accelerate to-fsdp2``,  the plugin that declares the command in its accelerate.yaml (``api: commands``;
-``tpu-config``...         compat/plugin_commands.py): without it, the error names the distribution to install
+``tpu-config``...         cli/accelerate/plugin_commands.py): without it, the error names the distribution to install
 ========================  =====================================================================
 
 A failure says that torchbay answered and how to run the same job with torchbay's own command, or Accelerate's.
