@@ -20,6 +20,8 @@ MOVED = {
     'torchbay.checkpoint.full_state': 'torchbay.axes.full_state',
     'torchbay.checkpoint.safe_load': 'torchbay.storage.safe_load',
     'torchbay.config.resolve': 'torchbay.plugin.resolve',
+    # the torchbay_as_accelerate.pth an earlier install left in site-packages imports it at every interpreter start
+    'torchbay.compat.finder': 'torchbay.switch.finder',
     # torchbay 0.1's paths
     'torchbay.accelerate_import': 'torchbay.compat.config_import',
     'torchbay.accelerator_args': 'torchbay.accelerator.surface',
