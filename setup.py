@@ -1,7 +1,7 @@
 """Builds torchbay with ``torchbay_as_accelerate.pth`` at the top of site-packages (metadata lives in setup.cfg).
 
 The ``.pth`` line runs at every interpreter start and does nothing unless ``TORCHBAY_AS_ACCELERATE`` is on; then it
-lets torchbay answer ``import accelerate`` (torchbay/compat/finder.py). A ``.pth`` must sit beside the packages, not
+lets torchbay answer ``import accelerate`` (torchbay/switch/finder.py). A ``.pth`` must sit beside the packages, not
 inside one, so it is copied into the wheel's root: by ``build_py`` for a regular wheel, and into the editable wheel
 for ``pip install -e``.
 """

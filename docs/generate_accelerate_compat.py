@@ -25,8 +25,8 @@ COMPAT_HF_RESULTS = HERE / "compat-hf-results.md"
 def modules() -> list[tuple[str, str]]:
     """Accelerate module -> the torchbay module that answers it (the switch's own table), then the command modules
     a plugin answers (its accelerate.yaml, ``api: commands``; the distribution from the published catalog)."""
-    from torchbay.compat.finder import MODULES, PLUGIN_COMMAND_MODULES
     from torchbay.plugin.published import ACCELERATE_COMMAND, distribution_for
+    from torchbay.switch.finder import MODULES, PLUGIN_COMMAND_MODULES
 
     served = [(a if a != "accelerate.utils" else "accelerate.utils (and its submodules)", f"`{t}`")
               for a, t in MODULES.items()]
@@ -125,7 +125,7 @@ def library_section() -> list[str]:
 
     import yaml
 
-    from torchbay.compat import finder
+    from torchbay.switch import finder
 
     names = yaml.safe_load(LIBRARY_NAMES.read_text(encoding="utf-8"))
     lines = [
@@ -135,7 +135,7 @@ def library_section() -> list[str]:
         "`TORCHBAY_AS_ACCELERATE=1 torchrun ...`, `torchbay launch --as-accelerate --num-processes 2 train.py`, or",
         "`--strategy fsdp` / a DeepSpeed JSON as the library takes them. The switch is the installed",
         "`torchbay_as_accelerate.pth` (it does nothing unless the variable is set) plus a meta-path finder and a",
-        "distribution finder (torchbay/compat/finder.py): `accelerate.__version__` and",
+        "distribution finder (torchbay/switch/finder.py): `accelerate.__version__` and",
         f"`importlib.metadata.version(\"accelerate\")` are `{finder.ACCELERATE_API_LEVEL}+torchbay<version>`, the",
         "Accelerate API level torchbay implements. It works whether or not the real Accelerate is installed",
         "(only `accelerate.test_utils`, Accelerate's own test helpers, needs it); without the switch nothing changes.",

@@ -26,7 +26,7 @@ _LAZY = {
     "GradientState": "torchbay.data.gradient_state",
     "set_seed": "torchbay.process.seeding",
     "synchronize_rng_states": "torchbay.process.seeding",
-    "resolve_config": "torchbay.config.resolve",
+    "resolve_config": "torchbay.plugin.resolve",
     "prepare_data_loader": "torchbay.data.prepare",
     "skip_first_batches": "torchbay.data.prepare",
     "find_executable_batch_size": "torchbay.compat.helpers",
@@ -135,7 +135,6 @@ if TYPE_CHECKING:
         ProfileKwargs,
         ProjectConfiguration,
     )
-    from torchbay.config.resolve import resolve_config
     from torchbay.data.gradient_state import GradientState
     from torchbay.data.prepare import prepare_data_loader, skip_first_batches
     from torchbay.distributed.parallelism_config import ParallelismConfig
@@ -149,6 +148,7 @@ if TYPE_CHECKING:
     )
     from torchbay.launch.notebook import debug_launcher, notebook_launcher
     from torchbay.plugin.manager import PluginManager, get_plugin_manager, hookimpl
+    from torchbay.plugin.resolve import resolve_config
     from torchbay.process.logger import get_logger
     from torchbay.process.seeding import set_seed, synchronize_rng_states
     from torchbay.process.state import AcceleratorState, DistributedType, PartialState

@@ -14,15 +14,23 @@ import sys
 import warnings
 
 MOVED = {
+    # 0.2's own paths that moved to keep folders in one layer (issue 37): documented for plugin authors or imported
+    # by plugins' tests
+    'torchbay.checkpoint.full_state': 'torchbay.axes.full_state',
+    'torchbay.checkpoint.safe_load': 'torchbay.storage.safe_load',
+    'torchbay.config.resolve': 'torchbay.plugin.resolve',
+    # the torchbay_as_accelerate.pth an earlier install left in site-packages imports it at every interpreter start
+    'torchbay.compat.finder': 'torchbay.switch.finder',
+    # torchbay 0.1's paths
     'torchbay.accelerate_import': 'torchbay.compat.config_import',
     'torchbay.accelerator_args': 'torchbay.accelerator.surface',
     'torchbay.accelerator_prepare': 'torchbay.accelerator.prepare',
     'torchbay.accelerator_process': 'torchbay.accelerator.process',
     'torchbay.accelerator_tracking': 'torchbay.accelerator.tracking',
     'torchbay.big_model_utils': 'torchbay.big_modeling.offload',
-    'torchbay.checkpoint_dir': 'torchbay.checkpoint.publish',
+    'torchbay.checkpoint_dir': 'torchbay.storage.publish',
     'torchbay.checkpoint_files': 'torchbay.big_modeling.files',
-    'torchbay.checkpoint_inplace': 'torchbay.checkpoint.inplace',
+    'torchbay.checkpoint_inplace': 'torchbay.storage.inplace',
     'torchbay.checkpoint_io': 'torchbay.axes.checkpoint_io',
     'torchbay.checkpoint_loading': 'torchbay.big_modeling.loading',
     'torchbay.checkpointing': 'torchbay.checkpoint.checkpointer',
@@ -31,7 +39,7 @@ MOVED = {
     'torchbay.cluster': 'torchbay.axes.cluster',
     'torchbay.compat_names': 'torchbay.compat.names',
     'torchbay.config_files': 'torchbay.config.files',
-    'torchbay.context': 'torchbay.plugin.context',
+    'torchbay.context': 'torchbay.axes.context',
     'torchbay.data_dispatch': 'torchbay.data.dispatch',
     'torchbay.data_sharding': 'torchbay.data.sharding',
     'torchbay.device': 'torchbay.axes.device',
@@ -53,7 +61,7 @@ MOVED = {
     'torchbay.progress': 'torchbay.tracking.progress',
     'torchbay.published': 'torchbay.plugin.published',
     'torchbay.rng_state': 'torchbay.distributed.rng',
-    'torchbay.safe_load': 'torchbay.checkpoint.safe_load',
+    'torchbay.safe_load': 'torchbay.storage.safe_load',
     'torchbay.selection': 'torchbay.plugin.selection',
     'torchbay.strategy': 'torchbay.axes.strategy',
     'torchbay.tracking_jsonl': 'torchbay.tracking.jsonl',

@@ -45,11 +45,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from torchbay.axes.checkpoint_io import CheckpointIO
     from torchbay.axes.cluster import ClusterEnvironment
+    from torchbay.axes.context import RunContext
     from torchbay.axes.device import DeviceBackend
     from torchbay.axes.precision import Precision
     from torchbay.axes.strategy import Strategy
-    from torchbay.plugin.context import RunContext
-    from torchbay.tracking.trackers import GeneralTracker
+    from torchbay.axes.tracker import GeneralTracker
 
 hookspec = pluggy.HookspecMarker("torchbay")
 

@@ -105,11 +105,11 @@ _LAZY = {
     "is_habana_gaudi1": "torchbay.compat.names",
     "purge_accelerate_environment": "torchbay.compat.environment",
     "BnbQuantizationConfig": "torchbay.compat.bnb_config",
-    "_convert_nargs_to_dict": "torchbay.compat.launch_helpers",
-    "convert_dict_to_env_variables": "torchbay.compat.launch_helpers",
-    "prepare_multi_gpu_env": "torchbay.compat.launch_helpers",
-    "prepare_simple_launcher_cmd_env": "torchbay.compat.launch_helpers",
-    "write_basic_config": "torchbay.compat.launch_helpers",
+    "_convert_nargs_to_dict": "torchbay.cli.accelerate.launch_helpers",
+    "convert_dict_to_env_variables": "torchbay.cli.accelerate.launch_helpers",
+    "prepare_multi_gpu_env": "torchbay.cli.accelerate.launch_helpers",
+    "prepare_simple_launcher_cmd_env": "torchbay.cli.accelerate.launch_helpers",
+    "write_basic_config": "torchbay.cli.accelerate.launch_helpers",
     "PrecisionType": "torchbay.compat.helpers",
     "RNGType": "torchbay.compat.helpers",
     "TensorInformation": "torchbay.compat.helpers",
@@ -239,6 +239,13 @@ if TYPE_CHECKING:
         offload_weight,
         save_offload_index,
     )
+    from torchbay.cli.accelerate.launch_helpers import (
+        _convert_nargs_to_dict,
+        convert_dict_to_env_variables,
+        prepare_multi_gpu_env,
+        prepare_simple_launcher_cmd_env,
+        write_basic_config,
+    )
     from torchbay.compat.bnb_config import BnbQuantizationConfig
     from torchbay.compat.environment import purge_accelerate_environment
     from torchbay.compat.helpers import (
@@ -275,13 +282,6 @@ if TYPE_CHECKING:
         save,
         str_to_bool,
         wait_for_everyone,
-    )
-    from torchbay.compat.launch_helpers import (
-        _convert_nargs_to_dict,
-        convert_dict_to_env_variables,
-        prepare_multi_gpu_env,
-        prepare_simple_launcher_cmd_env,
-        write_basic_config,
     )
     from torchbay.compat.names import is_habana_gaudi1
     from torchbay.compile.compiler import DynamoBackend, TorchDynamoPlugin, compile_regions, has_compiled_regions

@@ -27,30 +27,27 @@ PLUGINS = ROOT / "plugins"
 #: strategy needs) or to reach an optional dependency; anything else goes at module level. Third-party imports
 #: are not counted (``torch.distributed.checkpoint``, ``deepspeed``, ``wandb``: optional or heavy by nature).
 FUNCTION_LEVEL_SHARE_MAX = 0.10
-#: core modules left out of the share: the command-line tools (``torchbay`` and the ``accelerate`` commands) defer
-#: each command's imports to the command, so that ``--help`` and every other command start fast
-START_UP_DEFERRED = ("torchbay.cli", "torchbay.compat.accelerate_cli", "torchbay.compat.commands",
-                     "torchbay.compat.config_commands", "torchbay.compat.launch_helpers")
+#: core modules left out of the share: the command-line tools (``torchbay`` and, in ``cli.accelerate``, the
+#: ``accelerate`` commands) defer each command's imports to the command, so that ``--help`` and every other command
+#: start fast
+START_UP_DEFERRED = ("torchbay.cli",)
 
 #: docs/architecture.md, "Layers": a runtime import may only point to the same layer or one below
 LAYERS = [
     ("errors", "_lazy", "_version"),
-    ("config", "distributed", "compile", "checkpoint.files", "checkpoint.full_state", "checkpoint.publish",
-     "checkpoint.inplace", "checkpoint.safe_load", "compat.finder", "compat.surface"),
+    ("config", "distributed", "compile", "storage", "switch"),
     ("axes",),
-    ("plugin", "hookspecs", "config.resolve"),
+    ("plugin", "hookspecs"),
     ("process",),
     ("data", "checkpoint", "big_modeling", "tracking", "launch"),
     ("compat",),
     ("accelerator",),
-    ("utils", "state", "wrappers", "launchers", "cli", "testing", "compat.commands", "compat.accelerate_cli",
-     "compat.config_commands", "compat.launch_helpers", "compat.launch_namespace", "compat.launch_validation",
-     "_moved"),
+    ("utils", "state", "wrappers", "launchers", "cli", "testing", "_moved"),
 ]
 #: façades: a package ``__init__`` that serves names of modules above its own room (its lazy table) sits at the layer
 #: of the highest of them; its submodules keep their room's layer (importing ``torchbay.x.y`` runs the façade
 #: ``torchbay.x`` first, which imports only ``torchbay._lazy`` until a name is read)
-FACADES = {"__init__": 8, "plugin": 8, "config": 3}
+FACADES = {"__init__": 8, "plugin": 8}
 #: the lazy tables that are not handed to ``attach``: module -> the name of its table of module paths
 OTHER_LAZY_TABLES = {"torchbay._moved": "MOVED"}
 # a plugin inside the core: it may import layers 0-5 (up to the services), and no core module imports it

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from torchbay import Accelerator, CheckpointError, ProjectConfiguration
-from torchbay.checkpoint import files as ckfiles
-from torchbay.checkpoint import publish as ckdir
 from torchbay.checkpoint.async_save import AsyncSave
+from torchbay.storage import files as ckfiles
+from torchbay.storage import publish as ckdir
 from torchbay.testing.processes import run_python, run_torchrun
 
 

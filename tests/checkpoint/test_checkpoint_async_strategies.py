@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from torchbay.checkpoint import publish as ckdir
+from torchbay.storage import publish as ckdir
 from torchbay.testing.processes import run_torchrun
 
 

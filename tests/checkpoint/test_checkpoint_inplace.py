@@ -7,9 +7,9 @@ import torch
 import xxhash
 
 from torchbay import Accelerator
-from torchbay.checkpoint import files as ckfiles
-from torchbay.checkpoint import inplace as ci
 from torchbay.errors import CheckpointError
+from torchbay.storage import files as ckfiles
+from torchbay.storage import inplace as ci
 
 
 def build(step=True, tie=False, config=None):

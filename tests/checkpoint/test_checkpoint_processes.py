@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from torchbay.checkpoint.files import file_record
-from torchbay.checkpoint.publish import MANIFEST
+from torchbay.storage.files import file_record
+from torchbay.storage.publish import MANIFEST
 from torchbay.testing.processes import run_python, run_torchrun
 
 pytestmark = pytest.mark.multiprocess

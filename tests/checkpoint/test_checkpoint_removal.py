@@ -9,9 +9,9 @@ import threading
 import pytest
 import torch
 
-import torchbay.checkpoint.publish as publish
+import torchbay.storage.publish as publish
 from torchbay import Accelerator
-from torchbay.checkpoint.publish import siblings, wait_for_removals
+from torchbay.storage.publish import siblings, wait_for_removals
 
 
 @pytest.fixture

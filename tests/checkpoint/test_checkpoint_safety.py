@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from torchbay import Accelerator, CheckpointError, ProjectConfiguration
-from torchbay.checkpoint.files import file_record
-from torchbay.checkpoint.publish import MANIFEST, PARTIAL_MARKER, wait_for_removals
+from torchbay.storage.files import file_record
+from torchbay.storage.publish import MANIFEST, PARTIAL_MARKER, wait_for_removals
 
 
 def build(**kwargs):
@@ -417,7 +417,7 @@ def test_estimate_memory_counts_only_the_files_a_save_names(tmp_path):
 
 
 def test_no_code_path_unpickles_outside_the_safe_loader():
-    """Every pickle read of torchbay and its plugins goes through torchbay.checkpoint.safe_load."""
+    """Every pickle read of torchbay and its plugins goes through torchbay.storage.safe_load."""
     import pathlib
     import re
 

@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from torchbay import Accelerator, CheckpointError, ProjectConfiguration
-from torchbay.checkpoint.files import file_record
-from torchbay.checkpoint.publish import MANIFEST
+from torchbay.storage.files import file_record
+from torchbay.storage.publish import MANIFEST
 
 
 def rewrite(directory, name, obj):

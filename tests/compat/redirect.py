@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.machinery
 import os
 
-from torchbay.compat import finder
+from torchbay.switch import finder
 
 
 def accelerate_dir() -> str:

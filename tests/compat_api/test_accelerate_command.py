@@ -83,7 +83,7 @@ def test_a_sagemaker_config_is_read_and_its_launch_refused(tmp_path):
     (tmp_path / "sm.yaml").write_text("compute_environment: AMAZON_SAGEMAKER\ndebug: false\ndistributed_type: NO\n"
                                       "mixed_precision: fp16\ndebug: false\nec2_instance_type: MY_TYPE\n"
                                       "iam_role_name: MY_ROLE\n")  # a key repeated with one value, as Accelerate's
-    from torchbay.compat.commands import ClusterConfig, SageMakerConfig, load_config_from_file
+    from torchbay.cli.accelerate.commands import ClusterConfig, SageMakerConfig, load_config_from_file
 
     read = load_config_from_file(str(tmp_path / "sm.yaml"))
     assert isinstance(read, SageMakerConfig) and not isinstance(read, ClusterConfig)
@@ -114,7 +114,7 @@ def test_convert_nargs_to_dict_types_values():
 
 
 def test_write_basic_config_writes_a_new_file_only(tmp_path, capsys):
-    from torchbay.compat.commands import load_config_from_file
+    from torchbay.cli.accelerate.commands import load_config_from_file
     from torchbay.utils import write_basic_config
 
     path = tmp_path / "default_config.yaml"

@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 
-from torchbay.compat.commands import _validate_launch_command, launch_command, launch_command_parser
-from torchbay.compat.launch_helpers import prepare_simple_launcher_cmd_env
-from torchbay.compat.launch_namespace import launch_tokens
+from torchbay.cli.accelerate.commands import _validate_launch_command, launch_command, launch_command_parser
+from torchbay.cli.accelerate.launch_helpers import prepare_simple_launcher_cmd_env
+from torchbay.cli.accelerate.launch_namespace import launch_tokens
 from torchbay.errors import LaunchError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -111,8 +111,8 @@ def test_validate_fills_what_the_command_line_did_not_give(parser, tmp_path):
 @pytest.mark.parametrize("distributed_type, switches", [("NO", []), ("MULTI_CPU", []), ("FSDP", ["use_fsdp"]),
                                                         ("MULTI_GPU", ["multi_gpu"])])
 def test_the_switches_stand_for_the_files_distributed_type(distributed_type, switches):
+    from torchbay.cli.accelerate.launch_validation import switches_for
     from torchbay.compat.config_import import mapping_table
-    from torchbay.compat.launch_validation import switches_for
 
     table = mapping_table()
     if distributed_type not in table["distributed_type"]:
@@ -223,7 +223,7 @@ def test_under_the_switch_accelerate_utils_launch_is_the_helpers_module():
         from unittest.mock import patch
         import accelerate.utils.launch as launch
         import torchbay.utils
-        from torchbay.compat import launch_helpers
+        from torchbay.cli.accelerate import launch_helpers
         with patch("accelerate.utils.launch.which", return_value=None):  # as Accelerate's tests patch it
             patched = launch_helpers.which("sh")
         print(json.dumps({"patched": patched, "restored": launch_helpers.which("sh") is not None,

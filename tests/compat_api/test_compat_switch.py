@@ -86,7 +86,7 @@ def test_as_accelerate_after_the_real_accelerate_was_imported_says_how_to_fix_it
 def test_without_accelerate_installed_the_switch_still_serves_it_and_its_test_helpers_say_what_to_install():
     seen = _python("""
     import json
-    from torchbay.compat import finder
+    from torchbay.switch import finder
     finder._accelerate_dir = lambda: None  # as on a machine without the real Accelerate
     finder.as_accelerate()
     import accelerate
@@ -149,7 +149,7 @@ def test_every_name_of_accelerates_surface_imports_under_the_switch():
     a placeholder raises on use; ``accelerate.__file__`` is a file, as a package's is."""
     seen = _python("""
     import importlib, inspect, json, os
-    from torchbay.compat import surface
+    from torchbay.switch import surface
     from torchbay.errors import UnsupportedAPIError
     failed, placeholders, refused = [], 0, 0
     for module, names in surface.table().items():

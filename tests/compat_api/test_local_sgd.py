@@ -88,7 +88,7 @@ def test_local_sgd_does_nothing_with_one_process():
 
 
 def test_accelerate_local_sgd_is_served_under_the_switch():
-    from torchbay.compat.finder import MODULES
+    from torchbay.switch.finder import MODULES
 
     assert MODULES["accelerate.local_sgd"] == "torchbay.accelerator.local_sgd"
     from torchbay.accelerator import local_sgd

@@ -13,10 +13,10 @@ import types
 import pytest
 
 from torchbay.cli.plugins_cmd import rows
-from torchbay.config.resolve import resolve_config
 from torchbay.errors import IncompatibleSetupError
 from torchbay.plugin import LazyClass, hookimpl
 from torchbay.plugin.manager import PluginManager
+from torchbay.plugin.resolve import resolve_config
 from torchbay.plugin.selection import build_context
 
 MODULE = "torchbay_lazy_fixture_strategies"

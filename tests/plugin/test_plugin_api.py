@@ -44,19 +44,19 @@ def test_every_public_name_resolves_and_is_listed():
 #: plugin test files that still check the core's selection and config against their plugin through internal modules
 #: (they were core tests until the layout step moved them beside their plugin): this list may only shrink
 TESTS_ON_INTERNALS = {
-    "plugins/deepspeed/tests/conftest.py": {"torchbay.axes.cluster", "torchbay.config.resolve",
+    "plugins/deepspeed/tests/conftest.py": {"torchbay.axes.cluster", "torchbay.plugin.resolve",
                                             "torchbay.plugin.manager", "torchbay.plugin.selection"},
-    "plugins/deepspeed/tests/test_deepspeed.py": {"torchbay.accelerator.prepared", "torchbay.config.resolve",
+    "plugins/deepspeed/tests/test_deepspeed.py": {"torchbay.accelerator.prepared", "torchbay.plugin.resolve",
                                                   "torchbay.plugin.manager"},
-    "plugins/devices/tests/test_devices.py": {"torchbay.config.resolve", "torchbay.plugin.manager",
+    "plugins/devices/tests/test_devices.py": {"torchbay.plugin.resolve", "torchbay.plugin.manager",
                                               "torchbay.plugin.selection"},
     "plugins/fp8/tests/test_fp8.py": {"torchbay.axes.precision", "torchbay.axes.strategy", "torchbay.config.model",
-                                      "torchbay.config.resolve", "torchbay.plugin.manager"},
+                                      "torchbay.plugin.resolve", "torchbay.plugin.manager"},
     "plugins/fsdp/tests/scripts/fsdp_accelerate_files.py": {"torchbay.utils"},
-    "plugins/fsdp/tests/test_fsdp.py": {"torchbay.cli.main", "torchbay.config.resolve", "torchbay.plugin.manager",
+    "plugins/fsdp/tests/test_fsdp.py": {"torchbay.cli.main", "torchbay.plugin.resolve", "torchbay.plugin.manager",
                                         "torchbay.plugin.selection"},
     "plugins/fsdp/tests/test_parallelism.py": {"torchbay.accelerator.surface", "torchbay.cli.main",
-                                               "torchbay.config.resolve", "torchbay.plugin.manager",
+                                               "torchbay.plugin.resolve", "torchbay.plugin.manager",
                                                "torchbay.plugin.selection", "torchbay.utils"},
 }
 

@@ -19,8 +19,8 @@ import time
 import torch
 
 from torchbay import Accelerator, CheckpointError
-from torchbay.checkpoint import files as ckfiles
-from torchbay.checkpoint import publish as ckdir
+from torchbay.storage import files as ckfiles
+from torchbay.storage import publish as ckdir
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--mode", required=True)

@@ -37,10 +37,10 @@ from torch.distributed.checkpoint.state_dict import (  # noqa: E402
 )
 
 from torchbay import Accelerator, CheckpointError  # noqa: E402
-from torchbay.checkpoint import publish as ckdir  # noqa: E402
 from torchbay.errors import TorchbayError  # noqa: E402
 from torchbay.plugin import hookimpl  # noqa: E402
 from torchbay.plugin.manager import get_plugin_manager  # noqa: E402
+from torchbay.storage import publish as ckdir  # noqa: E402
 
 ARMED = threading.Event()  # the injected failure fires (on rank 1) while set
 RANK = int(os.environ.get("RANK", "0"))

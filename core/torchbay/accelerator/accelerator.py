@@ -34,12 +34,12 @@ from torchbay.config.handlers import (
     ProjectConfiguration,
 )
 from torchbay.config.model import ResolvedConfig
-from torchbay.config.resolve import config_model, resolve_config
 from torchbay.data.gradient_state import GradientState
 from torchbay.data.prepare import skip_first_batches
 from torchbay.distributed.unwrap import unwrap
 from torchbay.errors import ConfigError
 from torchbay.plugin.manager import get_plugin_manager
+from torchbay.plugin.resolve import config_model, resolve_config
 from torchbay.plugin.selection import build_context
 from torchbay.process import running
 from torchbay.process.current import describe, set_current, start_device_backend

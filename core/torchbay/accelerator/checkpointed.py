@@ -15,9 +15,9 @@ from torchbay.checkpoint.inputs import CheckpointServices, PreparedObjects, Trai
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.axes.checkpoint_io import CheckpointIO
+    from torchbay.axes.context import RunContext
     from torchbay.config.model import CoreConfig
     from torchbay.data.gradient_state import GradientState
-    from torchbay.plugin.context import RunContext
 
 
 def _prepared_list(kind: str) -> property:

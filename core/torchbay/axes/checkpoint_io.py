@@ -39,7 +39,7 @@ class CheckpointIO:
         raise NotImplementedError
 
     def in_place_reads(self, directory: Path, stem: str, template: dict[str, torch.Tensor]) -> list | None:
-        """The reads (:class:`torchbay.checkpoint.inplace.Read`) that restore ``stem`` into the
+        """The reads (:class:`torchbay.storage.inplace.Read`) that restore ``stem`` into the
         tensors of ``template`` (a module's ``state_dict()``), planned without changing anything;
         ``None`` when this io cannot (``load_state_dict`` is used). torchbay plans them beside
         the checksum verification and runs them once the files are verified."""

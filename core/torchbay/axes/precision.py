@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 if TYPE_CHECKING:  # pragma: no cover
-    from torchbay.plugin.context import RunContext
+    from torchbay.axes.context import RunContext
 
 
 class Precision:

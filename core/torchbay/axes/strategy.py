@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from torchbay.checkpoint.full_state import FullStateCheckpoint
+from torchbay.axes.full_state import FullStateCheckpoint
 from torchbay.compile.compiler import repeated_blocks
 from torchbay.distributed.collectives import ProcessCollectives
 from torchbay.distributed.parallelism_config import parallel_sizes, validate_sizes
 from torchbay.errors import LaunchError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from torchbay.plugin.context import RunContext
+    from torchbay.axes.context import RunContext
 
 
 def _attempt_store(world_size: int, timeout_s: float | None):
@@ -89,7 +89,7 @@ class Strategy(FullStateCheckpoint):
     The collectives are a :class:`~torchbay.distributed.collectives.ProcessCollectives` the strategy holds
     (``collectives``); the methods of the same names below hand over to it, so a strategy overrides them as any
     other method. The default checkpoint methods come from
-    :class:`~torchbay.checkpoint.full_state.FullStateCheckpoint`, which declares what it reads of the strategy.
+    :class:`~torchbay.axes.full_state.FullStateCheckpoint`, which declares what it reads of the strategy.
     """
 
     name: ClassVar[str] = ""

@@ -17,9 +17,9 @@ from typing import Any, Iterator
 import torch
 
 from torchbay.checkpoint.model_folder import INDEX, MARK, WEIGHTS, check_one_save, newer_of, read_mark
-from torchbay.checkpoint.publish import read_manifest
-from torchbay.checkpoint.safe_load import safe_torch_load
 from torchbay.errors import CheckpointError
+from torchbay.storage.publish import read_manifest
+from torchbay.storage.safe_load import safe_torch_load
 
 MANIFEST = "torchbay_manifest.json"
 TORCH_SUFFIXES = (".bin", ".pt", ".pth")

@@ -12,7 +12,7 @@ from torch import nn
 
 from torchbay.big_modeling.align_hook import align_module_device, has_offloaded_params
 from torchbay.big_modeling.device_map import _units, compute_module_sizes, device_of, get_max_layer_size
-from torchbay.checkpoint.safe_load import safe_torch_load
+from torchbay.storage.safe_load import safe_torch_load
 
 log = logging.getLogger("torchbay")
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import torch
 
 from torchbay.axes.checkpoint_io import CheckpointIO
-from torchbay.checkpoint.files import dcp_files_of_rank, dedupe_shared
-from torchbay.checkpoint.inplace import plan_safetensors, run_reads
-from torchbay.checkpoint.safe_load import dcp_load, dcp_load_full, safe_torch_load
 from torchbay.errors import CheckpointError
 from torchbay.plugin.manager import hookimpl
+from torchbay.storage.files import dcp_files_of_rank, dedupe_shared
+from torchbay.storage.inplace import plan_safetensors, run_reads
+from torchbay.storage.safe_load import dcp_load, dcp_load_full, safe_torch_load
 
 
 class SafetensorsCheckpointIO(CheckpointIO):

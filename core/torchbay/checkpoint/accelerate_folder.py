@@ -9,7 +9,7 @@ has no torchbay manifest and :func:`is_accelerate_state` recognises it.
 Nothing is unpickled with arbitrary classes: weights come from safetensors (or ``torch.load`` with
 ``weights_only=True``), optimizer, scheduler, scaler and registered objects' states from
 ``torch.load(weights_only=True)``, and the RNG files through torchbay's allow-list
-(:func:`torchbay.checkpoint.safe_load.safe_load_with_numpy`: tensors, dicts, lists, tuples, numbers, strings,
+(:func:`torchbay.storage.safe_load.safe_load_with_numpy`: tensors, dicts, lists, tuples, numbers, strings,
 bytes and NumPy arrays of numbers, nothing else). Every file is read and checked on every rank
 before any object changes; a problem on one rank is an error on all. Accelerate's data-loader
 files (``sampler.bin``, ``dl_state_dict.bin``) hold pickled sampler objects or another loader's
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchbay.axes.strategy import Strategy
-from torchbay.checkpoint.publish import MANIFEST
-from torchbay.checkpoint.safe_load import safe_load_with_numpy, safe_torch_load
 from torchbay.errors import CheckpointError
+from torchbay.storage.publish import MANIFEST
+from torchbay.storage.safe_load import safe_load_with_numpy, safe_torch_load
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.checkpoint.checkpointer import StateCheckpointer

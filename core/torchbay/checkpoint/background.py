@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from torchbay.checkpoint import files as ckfiles
-from torchbay.checkpoint import publish as ckdir
 from torchbay.checkpoint.async_save import AsyncSave, StagingBuffer
 from torchbay.errors import CheckpointError
+from torchbay.storage import files as ckfiles
+from torchbay.storage import publish as ckdir
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.checkpoint.inputs import CheckpointServices, PreparedObjects

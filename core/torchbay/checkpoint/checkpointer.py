@@ -4,8 +4,8 @@ A state directory holds ``torchbay_manifest.json`` (versions, world size, plugin
 and every file with its size and checksum), the weights written by the strategy through
 the selected :class:`CheckpointIO`, optimizer/scheduler/precision state, RNG state per
 rank, data-loader positions, registered objects and plugin extras. How it reaches disk
-(atomic publish, what may be replaced, recovery) is :mod:`torchbay.checkpoint.publish`; how
-files are read without running code is :mod:`torchbay.checkpoint.safe_load`. Every step that can fail
+(atomic publish, what may be replaced, recovery) is :mod:`torchbay.storage.publish`; how
+files are read without running code is :mod:`torchbay.storage.safe_load`. Every step that can fail
 on one rank is agreed on by all ranks, so a failure anywhere is an error everywhere.
 """
 
@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from torchbay.axes.strategy import optimizer_owners
-from torchbay.checkpoint import files as ckfiles
-from torchbay.checkpoint import publish as ckdir
 from torchbay.checkpoint.async_save import AsyncSave, Staged, StagingBuffer, completed
 from torchbay.checkpoint.background import BackgroundSaving, StateParts, describe_error
 from torchbay.checkpoint.io_choice import CheckpointIOChoice
 from torchbay.checkpoint.model_folder import ModelFolder
-from torchbay.checkpoint.publish import AUTOMATIC_NAME, FORMAT_VERSION
 from torchbay.checkpoint.restore import StateRestore
-from torchbay.checkpoint.safe_load import safe_torch_load
 from torchbay.checkpoint.save_hooks import BeforeWrite, SaveHookSupport
 from torchbay.distributed.rng import capture_rng_state
 from torchbay.errors import CheckpointError
+from torchbay.storage import files as ckfiles
+from torchbay.storage import publish as ckdir
+from torchbay.storage.publish import AUTOMATIC_NAME, FORMAT_VERSION
+from torchbay.storage.safe_load import safe_torch_load
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.checkpoint.inputs import CheckpointServices, PreparedObjects, TrainingState

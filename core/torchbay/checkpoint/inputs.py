@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.axes.checkpoint_io import CheckpointIO
+    from torchbay.axes.context import RunContext
     from torchbay.axes.device import DeviceBackend
     from torchbay.axes.precision import Precision
     from torchbay.axes.strategy import Strategy
     from torchbay.config.model import CoreConfig
     from torchbay.data.gradient_state import GradientState
-    from torchbay.plugin.context import RunContext
     from torchbay.plugin.manager import PluginManager
 
 

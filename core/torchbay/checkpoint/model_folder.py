@@ -34,10 +34,10 @@ from typing import Any
 
 import torch
 
-from torchbay.checkpoint.files import dedupe_shared
-from torchbay.checkpoint.files import fsync_dir as fsync_path
 from torchbay.errors import CheckpointError
 from torchbay.plugin.info import _own_version as version
+from torchbay.storage.files import dedupe_shared
+from torchbay.storage.files import fsync_dir as fsync_path
 
 log = logging.getLogger("torchbay")
 

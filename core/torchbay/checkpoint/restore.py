@@ -8,12 +8,12 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchbay.checkpoint import files as ckfiles
-from torchbay.checkpoint import publish as ckdir
 from torchbay.checkpoint.accelerate_folder import is_accelerate_state, load_accelerate_state
-from torchbay.checkpoint.publish import AUTOMATIC_NAME
 from torchbay.distributed.rng import restore_rng_state
 from torchbay.errors import CheckpointError
+from torchbay.storage import files as ckfiles
+from torchbay.storage import publish as ckdir
+from torchbay.storage.publish import AUTOMATIC_NAME
 
 log = logging.getLogger("torchbay")
 

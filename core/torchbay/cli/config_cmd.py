@@ -76,16 +76,16 @@ def show_command(args: argparse.Namespace) -> int:
 
 
 def schema_command(args: argparse.Namespace) -> int:
-    from torchbay.config.resolve import config_model
+    from torchbay.plugin.resolve import config_model
 
     print(json.dumps(config_model().model_json_schema(), indent=2))
     return 0
 
 
 def validate_command(args: argparse.Namespace) -> int:
-    from torchbay.config.resolve import resolve_config
     from torchbay.launch.plan import prepare
     from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.plugin.resolve import resolve_config
 
     pm = get_plugin_manager()
     resolved = resolve_config(file=args.file, environ={}, pm=pm)  # the file alone, not this shell's env
@@ -332,8 +332,8 @@ def default_tree(pm) -> dict[str, Any]:
 def questionnaire_command(args: argparse.Namespace, asker: Asker | None = None) -> int:
     import yaml
 
-    from torchbay.config.resolve import resolve_config
     from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.plugin.resolve import resolve_config
 
     pm = get_plugin_manager()
     _refuse_overwrite(args.output, args.force)

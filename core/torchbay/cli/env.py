@@ -38,7 +38,7 @@ def collect(pm, config_file: str | None = None) -> dict[str, Any]:
     import os
 
     from torchbay.config.model import RESOLVED_ENV
-    from torchbay.config.resolve import resolve_config
+    from torchbay.plugin.resolve import resolve_config
 
     report: dict[str, Any] = {"versions": {}, "plugins": [], "backends": {}, "devices": [], "config": {}}
     try:

@@ -78,7 +78,7 @@ def safetensors_shapes(path: Path) -> dict[str, dict[str, Any]]:
     files = _weight_files(path) if path.is_dir() else [path]
     if not files:
         raise _error(f"'{path}' holds no *.safetensors file")
-    from torchbay.checkpoint.inplace import read_header_json
+    from torchbay.storage.inplace import read_header_json
 
     out = {}
     for file in files:
@@ -95,7 +95,7 @@ def meta_model(shapes: dict[str, dict[str, Any]]):
     """A module tree on the meta device with one parameter per checkpoint tensor (for placement)."""
     import torch
 
-    from torchbay.checkpoint.inplace import SAFETENSORS_DTYPES
+    from torchbay.storage.inplace import SAFETENSORS_DTYPES
 
     root = torch.nn.Module()
     for name, meta in shapes.items():

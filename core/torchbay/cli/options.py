@@ -204,7 +204,7 @@ def resolve_from_args(args: argparse.Namespace, pm=None, environ=None):
 
     from torchbay.config.files import CONFIG_FILE_ENV
     from torchbay.config.model import RESOLVED_ENV
-    from torchbay.config.resolve import resolve_config
+    from torchbay.plugin.resolve import resolve_config
 
     environ = dict(os.environ if environ is None else environ)
     environ.pop(RESOLVED_ENV, None)  # a launcher resolves afresh, even inside another job

@@ -28,10 +28,10 @@ def test_command(args: argparse.Namespace) -> int:
     from torchbay.cli.launch import _exit_now, _is_console_command
     from torchbay.cli.options import cli_values
     from torchbay.config.model import RESOLVED_ENV
-    from torchbay.config.resolve import resolve_config
     from torchbay.launch.plan import prepare
     from torchbay.launch.run import exec_direct, run_torchrun
     from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.plugin.resolve import resolve_config
 
     pm = get_plugin_manager()
     cli = cli_values(args)

@@ -7,6 +7,6 @@ distribution metadata) is answered by torchbay, whether or not the real Accelera
 nothing changes. The rest of the core never imports or names ``accelerate`` (docs/architecture.md, rule 12).
 """
 
-from torchbay.compat.finder import ACCELERATE_API_LEVEL, SWITCH_ENV, as_accelerate, installed_finder, served_version
+from torchbay.switch.finder import ACCELERATE_API_LEVEL, SWITCH_ENV, as_accelerate, installed_finder, served_version
 
 __all__ = ["ACCELERATE_API_LEVEL", "SWITCH_ENV", "as_accelerate", "installed_finder", "served_version"]

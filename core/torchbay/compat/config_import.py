@@ -27,10 +27,10 @@ import yaml
 
 from torchbay.config.files import load_yaml_file, read_packaged_yaml
 from torchbay.config.model import dotted_to_tree
-from torchbay.config.resolve import config_model, describe_errors
 from torchbay.errors import ConfigError
 from torchbay.plugin.fragments import read_fragment  # noqa: F401 (its old path, still served)
 from torchbay.plugin.manager import get_plugin_manager
+from torchbay.plugin.resolve import config_model, describe_errors
 from torchbay.process.state import distributed_type_names
 
 #: the reason given for an Accelerate value or nested config that no installed plugin maps

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from torchbay.compat import surface
-from torchbay.compat.finder import LIBRARY_NAMES
 from torchbay.compat.helpers import _is_out_of_memory
 from torchbay.config.files import read_packaged_yaml
 from torchbay.errors import UnsupportedAPIError
 from torchbay.process.current import peek
+from torchbay.switch import surface
+from torchbay.switch.finder import LIBRARY_NAMES
 
 
 @functools.lru_cache(maxsize=1)

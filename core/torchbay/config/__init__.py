@@ -1,6 +1,7 @@
 """One configuration tree: ``model`` (the core sections, :class:`Section` for plugins, :class:`ResolvedConfig`),
-``resolve`` (``resolve_config`` from defaults, file, environment, flags and arguments, for the installed plugins),
-``files`` (reading YAML), ``handlers`` (Accelerate's kwargs handlers: ``AutocastKwargs``...)."""
+``files`` (reading YAML), ``handlers`` (Accelerate's kwargs handlers: ``AutocastKwargs``...). Resolving the tree for
+the installed plugins (``resolve_config``) needs the plugin manager, so it lives above, in
+:mod:`torchbay.plugin.resolve` (``torchbay.resolve_config``)."""
 
 from typing import TYPE_CHECKING
 
@@ -17,14 +18,12 @@ _LAZY = {
     "PluginsSection": "torchbay.config.model",
     "ProjectSection": "torchbay.config.model",
     "TrackingSection": "torchbay.config.model",
-    "resolve_config": "torchbay.config.resolve",
-    "config_model": "torchbay.config.resolve",
 }
 __getattr__, __dir__ = attach(__name__, _LAZY)
 
 # -- public names for static tools: written from _LAZY by scripts/public_names.py (a test checks them) --
 __all__ = ["CheckpointSection", "CompileSection", "CoreConfig", "DataLoaderSection", "LaunchSection", "PluginsSection",
-           "ProjectSection", "ResolvedConfig", "Section", "TrackingSection", "config_model", "resolve_config"]
+           "ProjectSection", "ResolvedConfig", "Section", "TrackingSection"]
 
 if TYPE_CHECKING:
     from torchbay.config.model import (
@@ -39,5 +38,4 @@ if TYPE_CHECKING:
         Section,
         TrackingSection,
     )
-    from torchbay.config.resolve import config_model, resolve_config
 # -- end of the names written by scripts/public_names.py --

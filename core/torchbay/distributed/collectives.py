@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from torchbay.checkpoint.safe_load import unpickle_from_peer
+from torchbay.storage.safe_load import unpickle_from_peer
 
 
 class GroupMember(Protocol):

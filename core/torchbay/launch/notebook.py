@@ -13,10 +13,10 @@ import os
 import sys
 from typing import Any, Callable
 
-from torchbay.config.resolve import resolve_config
 from torchbay.errors import LaunchError
 from torchbay.launch.plan import port_in_use
 from torchbay.plugin.manager import get_plugin_manager
+from torchbay.plugin.resolve import resolve_config
 from torchbay.plugin.selection import build_context
 from torchbay.process.state import PartialState
 

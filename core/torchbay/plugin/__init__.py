@@ -19,7 +19,7 @@ _LAZY = {
     "hookimpl": "torchbay.plugin.manager",
     "LazyClass": "torchbay.plugin.lazy_class",
     "library_version": "torchbay.plugin.info",
-    "RunContext": "torchbay.plugin.context",
+    "RunContext": "torchbay.axes.context",
     # the axes a plugin implements
     "DeviceBackend": "torchbay.axes.device",
     "Strategy": "torchbay.axes.strategy",
@@ -47,14 +47,14 @@ _LAZY = {
     "load_config_from_file": "torchbay.compat.accelerate_config_file",
     "default_config_file": "torchbay.compat.accelerate_config_file",
     # checkpoints: safe loading, the files a save wrote, publishing a model folder
-    "safe_torch_load": "torchbay.checkpoint.safe_load",
-    "dcp_load": "torchbay.checkpoint.safe_load",
-    "dcp_load_full": "torchbay.checkpoint.safe_load",
-    "file_record": "torchbay.checkpoint.files",
-    "fsync_dir": "torchbay.checkpoint.files",
-    "dcp_files_of_rank": "torchbay.checkpoint.files",
-    "read_manifest": "torchbay.checkpoint.publish",
-    "remove_own_checkpoint": "torchbay.checkpoint.publish",
+    "safe_torch_load": "torchbay.storage.safe_load",
+    "dcp_load": "torchbay.storage.safe_load",
+    "dcp_load_full": "torchbay.storage.safe_load",
+    "file_record": "torchbay.storage.files",
+    "fsync_dir": "torchbay.storage.files",
+    "dcp_files_of_rank": "torchbay.storage.files",
+    "read_manifest": "torchbay.storage.publish",
+    "remove_own_checkpoint": "torchbay.storage.publish",
     "publish_model": "torchbay.checkpoint.checkpointer",
     "StagingBuffer": "torchbay.checkpoint.async_save",
     "PreparedScheduler": "torchbay.accelerator.prepared",
@@ -82,14 +82,12 @@ if TYPE_CHECKING:
     from torchbay.accelerator.prepared import PreparedScheduler
     from torchbay.axes.checkpoint_io import CheckpointIO
     from torchbay.axes.cluster import ClusterEnvironment
+    from torchbay.axes.context import RunContext
     from torchbay.axes.device import DeviceBackend
     from torchbay.axes.precision import Precision
     from torchbay.axes.strategy import MemoryEstimate, Strategy, optimizer_owners
     from torchbay.checkpoint.async_save import StagingBuffer
     from torchbay.checkpoint.checkpointer import publish_model
-    from torchbay.checkpoint.files import dcp_files_of_rank, file_record, fsync_dir
-    from torchbay.checkpoint.publish import read_manifest, remove_own_checkpoint
-    from torchbay.checkpoint.safe_load import dcp_load, dcp_load_full, safe_torch_load
     from torchbay.cli.options import add_section_options
     from torchbay.compat.accelerate_config_file import default_config_file, load_config_from_file
     from torchbay.config.model import Section
@@ -103,11 +101,13 @@ if TYPE_CHECKING:
         TorchbayError,
     )
     from torchbay.plugin.api_version import API_VERSION
-    from torchbay.plugin.context import RunContext
     from torchbay.plugin.fragments import read_fragment
     from torchbay.plugin.info import library_version
     from torchbay.plugin.lazy_class import LazyClass
     from torchbay.plugin.manager import hookimpl
+    from torchbay.storage.files import dcp_files_of_rank, file_record, fsync_dir
+    from torchbay.storage.publish import read_manifest, remove_own_checkpoint
+    from torchbay.storage.safe_load import dcp_load, dcp_load_full, safe_torch_load
     from torchbay.tracking.jsonl import read_scalars
     from torchbay.tracking.trackers import GeneralTracker, TrackerError, say
     from torchbay.tracking.values import flatten, hparam_value, split_scalars, to_python

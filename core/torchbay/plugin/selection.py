@@ -10,14 +10,14 @@ import logging
 from typing import Any
 
 from torchbay.axes.cluster import detect_cluster_environment
+from torchbay.axes.context import RunContext
 from torchbay.axes.precision import Precision, by_mode, engine_setting, mode_install_hint
 from torchbay.axes.strategy import Strategy
 from torchbay.compile.compiler import section_problems as compile_problems
 from torchbay.config.model import RESOLVED_ENV, ResolvedConfig
-from torchbay.config.resolve import resolve_config
 from torchbay.errors import IncompatibleSetupError, PluginError, TorchbayError
-from torchbay.plugin.context import RunContext
 from torchbay.plugin.published import DEVICE, STRATEGY, install_hint
+from torchbay.plugin.resolve import resolve_config
 
 log = logging.getLogger("torchbay")
 

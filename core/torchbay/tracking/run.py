@@ -16,8 +16,8 @@ from torchbay.tracking.registry import accelerate_logging_dir, follows_accelerat
 from torchbay.tracking.trackers import GeneralTracker, TrackerError, logging_base, registered, say, select_trackers
 
 if TYPE_CHECKING:  # pragma: no cover
+    from torchbay.axes.context import RunContext
     from torchbay.checkpoint.inputs import TrainingState
-    from torchbay.plugin.context import RunContext
 
 
 class RunTracking:

@@ -1,8 +1,8 @@
 import pytest
 
 from torchbay.axes.cluster import ClusterEnvironment
-from torchbay.config.resolve import resolve_config
 from torchbay.plugin.manager import PluginManager
+from torchbay.plugin.resolve import resolve_config
 from torchbay.plugin.selection import build_context
 from torchbay.testing.pytest_fixtures import clean_torchbay_env  # noqa: F401 (autouse: a clean torchbay environment per test)
 

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from torchbay import Accelerator, IncompatibleSetupError
-from torchbay.config.resolve import resolve_config
 from torchbay.plugin.manager import PluginManager
+from torchbay.plugin.resolve import resolve_config
 
 ROOT = Path(__file__).resolve().parents[3]
 DEVICES = ("cuda", "xpu", "npu", "mlu", "xla", "mps", "hpu")

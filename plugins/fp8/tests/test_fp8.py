@@ -121,8 +121,8 @@ def test_the_fp8_section_and_shared_base_are_their_own_distribution():
 
 
 def test_fp8_without_an_engine_plugin_names_what_to_install(tmp_path):
-    from torchbay.config.resolve import resolve_config
     from torchbay.errors import ConfigError
+    from torchbay.plugin.resolve import resolve_config
 
     bare = PluginManager(autoload=False)  # the built-in plugins only: no FP8 engine, no fp8 section
     assert "fp8" not in {c.name for c in bare.registries()["precisions"].values()}

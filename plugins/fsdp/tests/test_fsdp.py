@@ -205,7 +205,7 @@ def test_plugin_imports_and_registers_without_importing_fsdp():
         import sys
         import torchbay_fsdp.plugin
         from torchbay.plugin.manager import PluginManager
-        from torchbay.config.resolve import config_model
+        from torchbay.plugin.resolve import config_model
         pm = PluginManager()
         assert pm.infos["fsdp"].status == "loaded", pm.infos["fsdp"]
         assert "fsdp" in pm.registries()["strategies"]
@@ -230,8 +230,8 @@ def test_distribution_metadata_declares_the_entry_point_and_only_torchbay_and_to
 
 
 def test_config_section_defaults_sources_and_did_you_mean():
-    from torchbay.config.resolve import resolve_config
     from torchbay.errors import ConfigError
+    from torchbay.plugin.resolve import resolve_config
 
     resolved = resolve_config(environ={"TORCHBAY_FSDP__RESHARD_AFTER_FORWARD": "false"},
                               args={"strategy": "fsdp", "fsdp.transformer_layer_cls_to_wrap": ["Block"]})
@@ -246,8 +246,8 @@ def test_config_section_defaults_sources_and_did_you_mean():
 
 
 def _context(**args):
-    from torchbay.config.resolve import resolve_config
     from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.plugin.resolve import resolve_config
     from torchbay.plugin.selection import build_context
 
     pm = get_plugin_manager()
@@ -276,8 +276,8 @@ def test_validation_lists_every_bad_combination_with_its_fix():
 def test_cli_flags_feed_the_fsdp_section_only_for_launch_and_test():
     import argparse
 
-    from torchbay.config.resolve import resolve_config
     from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.plugin.resolve import resolve_config
 
     pm = get_plugin_manager()
     parsers = {}
@@ -303,8 +303,8 @@ def test_merge_weights_is_a_torchbay_subcommand():
 
 
 def test_memory_estimate_divides_parameters_gradients_and_optimizer_by_world():
-    from torchbay.config.resolve import resolve_config
     from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.plugin.resolve import resolve_config
 
     pm = get_plugin_manager()
     config = resolve_config(environ={}, args={"strategy": "fsdp"}, pm=pm).config

@@ -238,8 +238,8 @@ class _Cluster:
 
 
 def _context(world: int, **args):
-    from torchbay.config.resolve import resolve_config
     from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.plugin.resolve import resolve_config
     from torchbay.plugin.selection import build_context
 
     pm = get_plugin_manager()
@@ -342,8 +342,8 @@ def test_yaml_accelerator_argument_and_launch_flags_feed_the_parallelism_section
 
     from torchbay import ParallelismConfig
     from torchbay.accelerator.surface import translate
-    from torchbay.config.resolve import resolve_config
     from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.plugin.resolve import resolve_config
 
     pm = get_plugin_manager()
     path = tmp_path / "c.yaml"
@@ -372,8 +372,8 @@ def test_accelerator_refuses_a_parallelism_config_that_does_not_fit_one_process(
 
 
 def test_memory_estimate_divides_by_the_parallel_sizes():
-    from torchbay.config.resolve import resolve_config
     from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.plugin.resolve import resolve_config
 
     pm = get_plugin_manager()
     fsdp = pm.registries()["strategies"]["fsdp"]

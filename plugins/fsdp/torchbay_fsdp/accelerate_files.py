@@ -8,7 +8,7 @@ loads on the other:
   rank 0; read by rank 0 with ``weights_only=True`` and broadcast to the shards.
 - SHARDED_STATE_DICT: DCP folders ``pytorch_model_fsdp_<i>/`` (entries ``model.<name>``) and
   ``optimizer_<j>/`` (entries ``optimizer.<...>``), every rank writing its shards; read through
-  torchbay's restricted DCP reader (:func:`torchbay.checkpoint.safe_load.dcp_load`), onto any number of ranks.
+  torchbay's restricted DCP reader (:func:`torchbay.storage.safe_load.dcp_load`), onto any number of ranks.
 
 Safety: nothing is unpickled with arbitrary classes. A file torchbay writes is ``torch.save``'d under a
 temporary name, fsync'ed and renamed into place; its zip records then sit under the folder name

@@ -88,6 +88,6 @@ def to_fsdp2_command(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``accelerate to-fsdp2 ARGV`` (compat/plugin_commands.py runs it)."""
+    """``accelerate to-fsdp2 ARGV`` (cli/accelerate/plugin_commands.py runs it)."""
     to_fsdp2_command(to_fsdp2_command_parser().parse_args(argv))
     return 0

@@ -41,7 +41,7 @@ def config_main(rest: list[str]) -> int:
     from torchbay.compat.accelerate_config_file import default_config_file
 
     if rest[:1] == ["default"]:
-        from torchbay.compat.launch_helpers import write_basic_config
+        from torchbay.cli.accelerate.launch_helpers import write_basic_config
 
         args = default_command_parser().parse_args(rest[1:])
         written = write_basic_config(args.mixed_precision, args.save_location)
@@ -73,8 +73,8 @@ def env_command(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from torchbay.cli.env import collect
-    from torchbay.compat.finder import served_version
     from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.switch.finder import served_version
 
     report = collect(get_plugin_manager(), getattr(args, "config_file", None))
     info = {"`Accelerate` version": f"{served_version()} (served by torchbay)",

@@ -44,14 +44,14 @@ MODULES = {
     "accelerate.accelerator": "torchbay.accelerator.accelerator",
     "accelerate.big_modeling": "torchbay.big_modeling.modeling",
     "accelerate.checkpointing": "torchbay.utils",
-    "accelerate.commands": "torchbay.compat.commands",
-    "accelerate.commands.accelerate_cli": "torchbay.compat.accelerate_cli",
-    "accelerate.commands.config": "torchbay.compat.commands",
-    "accelerate.commands.config.default": "torchbay.compat.config_commands",
-    "accelerate.commands.env": "torchbay.compat.config_commands",
-    "accelerate.commands.estimate": "torchbay.compat.config_commands",
-    "accelerate.commands.launch": "torchbay.compat.commands",
-    "accelerate.commands.test": "torchbay.compat.config_commands",
+    "accelerate.commands": "torchbay.cli.accelerate.commands",
+    "accelerate.commands.accelerate_cli": "torchbay.cli.accelerate.main",
+    "accelerate.commands.config": "torchbay.cli.accelerate.commands",
+    "accelerate.commands.config.default": "torchbay.cli.accelerate.config_commands",
+    "accelerate.commands.env": "torchbay.cli.accelerate.config_commands",
+    "accelerate.commands.estimate": "torchbay.cli.accelerate.config_commands",
+    "accelerate.commands.launch": "torchbay.cli.accelerate.commands",
+    "accelerate.commands.test": "torchbay.cli.accelerate.config_commands",
     "accelerate.data_loader": "torchbay.data",
     "accelerate.hooks": "torchbay.compat.hooks",
     "accelerate.launchers": "torchbay.launch.notebook",
@@ -63,24 +63,24 @@ MODULES = {
     "accelerate.state": "torchbay.state",
     "accelerate.tracking": "torchbay.tracking",
     "accelerate.utils": "torchbay.utils",
-    "accelerate.utils.launch": "torchbay.compat.launch_helpers",
+    "accelerate.utils.launch": "torchbay.cli.accelerate.launch_helpers",
 }
 #: stand-ins whose torchbay module answers part of the Accelerate module: the other names come from this one
 #: (``accelerate.utils.launch`` also holds ``accelerate.utils``' names, which torchbay.utils serves)
 ALSO_FROM = {"accelerate.utils.launch": "torchbay.utils"}
 
 #: Accelerate's command modules whose command a plugin serves, by that command: the module named by the plugin's
-#: accelerate.yaml (``api: commands``) answers for it (:mod:`torchbay.compat.plugin_commands` finds it); without
+#: accelerate.yaml (``api: commands``) answers for it (:mod:`torchbay.cli.accelerate.plugin_commands` finds it); without
 #: that plugin, the module's names import as placeholders saying which distribution to install
 PLUGIN_COMMAND_MODULES = {"accelerate.commands.to_fsdp2": "to-fsdp2", "accelerate.commands.tpu": "tpu-config"}
 #: the torchbay module that tells which plugin module answers for one of :data:`PLUGIN_COMMAND_MODULES`
-PLUGIN_COMMANDS = "torchbay.compat.plugin_commands"
+PLUGIN_COMMANDS = "torchbay.cli.accelerate.plugin_commands"
 
 #: Accelerate's logger -> the torchbay module that logs what Accelerate logs there (when the two
 #: differ from the module mapping above): a script listening on Accelerate's logger hears torchbay's
 LOGGERS = {
-    "accelerate.utils.environment": "torchbay.compat.launch_helpers",
-    "accelerate.utils.launch": "torchbay.compat.launch_helpers",
+    "accelerate.utils.environment": "torchbay.cli.accelerate.launch_helpers",
+    "accelerate.utils.launch": "torchbay.cli.accelerate.launch_helpers",
     "accelerate.utils.other": "torchbay.compat.helpers",
 }
 
@@ -93,8 +93,8 @@ def served_modules() -> dict[str, str]:
     """:data:`MODULES` and accelerate.utils' own modules, each answered by torchbay.utils (which serves every
     accelerate.utils name) unless :data:`MODULES` names another; their names are listed in
     compat/resources/library_names.yaml."""
-    from torchbay.compat import surface
     from torchbay.config.files import read_packaged_yaml
+    from torchbay.switch import surface
 
     submodules = read_packaged_yaml("torchbay", LIBRARY_NAMES)["utils_submodules"]
     served = {**{f"accelerate.utils.{name}": "torchbay.utils" for name in submodules}, **MODULES,  # MODULES' win
@@ -147,7 +147,7 @@ class _StandIn(types.ModuleType):
                     return getattr(importlib.import_module(ALSO_FROM[self.__name__]), name)
                 except (AttributeError, UnsupportedAPIError) as also_missing:
                     missing = also_missing
-            from torchbay.compat import surface
+            from torchbay.switch import surface
 
             # a name of Accelerate's surface that torchbay does not serve imports as a placeholder saying why
             value = surface.answer(self.__name__, name, self.__dict__["_torchbay_advice"] or _advice(missing))

@@ -8,7 +8,7 @@ A plugin declares each command it serves in its ``accelerate.yaml``::
         to-fsdp2: {module: torchbay_fsdp.to_fsdp2}
 
 ``module`` runs the command (its ``main(argv) -> exit code``) and answers for Accelerate's module of that command
-(:data:`torchbay.compat.finder.PLUGIN_COMMAND_MODULES`: ``from accelerate.commands.to_fsdp2 import
+(:data:`torchbay.switch.finder.PLUGIN_COMMAND_MODULES`: ``from accelerate.commands.to_fsdp2 import
 to_fsdp2_command`` reads the plugin's module). While no installed plugin serves the command, running it is a
 :class:`~torchbay.errors.PluginError` naming the distribution to install (``resources/published_plugins.yaml``),
 and the names of its Accelerate module import as placeholders whose use says the same.
@@ -24,7 +24,7 @@ from torchbay.plugin.published import ACCELERATE_COMMAND, distribution_for, publ
 
 #: what answers the names of a plugin command's Accelerate module while no plugin serves the command: the core's
 #: Accelerate command module (its config-file readers), the rest being placeholders
-UNSERVED_TARGET = "torchbay.compat.commands"
+UNSERVED_TARGET = "torchbay.cli.accelerate.commands"
 
 
 def served() -> dict[str, dict[str, Any]]:

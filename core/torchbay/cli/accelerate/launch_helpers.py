@@ -81,9 +81,9 @@ def _worker_env(args: argparse.Namespace, num_processes: int | None) -> dict[str
     """The environment ``torchbay launch`` would give each worker for ``args`` (the current environment, then
     torchbay's variables); an Accelerate config file is read as ``torchbay launch`` reads it."""
     from torchbay.compat.accelerate_config_file import remove_imported_config, with_torchbay_config
-    from torchbay.config.resolve import resolve_config
     from torchbay.launch.plan import prepare
     from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.plugin.resolve import resolve_config
 
     pm = get_plugin_manager()
     environ = {k: v for k, v in os.environ.items() if k != "TORCHBAY_RESOLVED_CONFIG"}

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchbay.checkpoint.files import fsync_dir, fsync_tree_dirs
 from torchbay.errors import CheckpointError
+from torchbay.storage.files import fsync_dir, fsync_tree_dirs
 
 log = logging.getLogger("torchbay")
 

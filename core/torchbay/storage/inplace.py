@@ -20,7 +20,7 @@ Both are planned first, changing nothing (:func:`plan_safetensors`, :func:`plan_
 the default ``Strategy.read_checkpoint`` does it beside the checksum verification), and run
 (:func:`run_reads`, :meth:`OptimizerPlan.apply`) only once every file is verified.
 
-Nothing here unpickles anything but weights (``weights_only``, see :mod:`torchbay.checkpoint.safe_load`).
+Nothing here unpickles anything but weights (``weights_only``, see :mod:`torchbay.storage.safe_load`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from torchbay.checkpoint.safe_load import safe_torch_load
 from torchbay.errors import CheckpointError
+from torchbay.storage.safe_load import safe_torch_load
 
 #: safetensors dtype names -> torch dtypes (those this torch has)
 SAFETENSORS_DTYPES = {

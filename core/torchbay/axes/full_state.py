@@ -1,6 +1,6 @@
 """The default checkpoint of :class:`~torchbay.plugin.Strategy`: full (unsharded) state, the model through the
 selected :class:`~torchbay.plugin.CheckpointIO`, each optimizer with ``torch.save``; read ahead and verified before
-anything changes, then restored straight into the prepared tensors (:mod:`torchbay.checkpoint.inplace`)."""
+anything changes, then restored straight into the prepared tensors (:mod:`torchbay.storage.inplace`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 
-from torchbay.checkpoint.files import record_now, torch_save_recorded
-from torchbay.checkpoint.inplace import plan_optimizer, run_reads
-from torchbay.checkpoint.safe_load import safe_torch_load
 from torchbay.errors import CheckpointError
+from torchbay.storage.files import record_now, torch_save_recorded
+from torchbay.storage.inplace import plan_optimizer, run_reads
+from torchbay.storage.safe_load import safe_torch_load
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.axes.checkpoint_io import CheckpointIO
@@ -95,7 +95,7 @@ class FullStateCheckpoint:
         to ``load_checkpoint(..., read=...)`` once every rank has verified its files. The
         default reads only the structure: the safetensors headers checked against each model
         (``io.in_place_reads``) and each optimizer's state dict with its tensors left on disk
-        (:func:`torchbay.checkpoint.inplace.plan_optimizer`); ``load_checkpoint`` then reads every
+        (:func:`torchbay.storage.inplace.plan_optimizer`); ``load_checkpoint`` then reads every
         tensor straight into the prepared objects, so the state is never held twice in memory.
         """
         if type(self).load_checkpoint is not FullStateCheckpoint.load_checkpoint:
@@ -155,7 +155,7 @@ class FullStateCheckpoint:
 
 class _ReadAhead:
     """What the default ``read_checkpoint`` read: per model the planned reads (or ``None``), per
-    optimizer its :class:`~torchbay.checkpoint.inplace.OptimizerPlan` (or ``None``)."""
+    optimizer its :class:`~torchbay.storage.inplace.OptimizerPlan` (or ``None``)."""
 
     def __init__(self, models: list, optimizers: list):
         self.models, self.optimizers = models, optimizers

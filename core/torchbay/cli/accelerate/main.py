@@ -12,7 +12,7 @@ real Accelerate installs): each of its subcommands, with Accelerate's spellings,
 ``accelerate test``       ``torchbay test``
 ``accelerate estimate-memory``, ``merge-weights``: torchbay's commands of the same role
 ``accelerate to-fsdp2``,  the plugin that declares the command in its accelerate.yaml (``api: commands``;
-``tpu-config``...         compat/plugin_commands.py): without it, the error names the distribution to install
+``tpu-config``...         cli/accelerate/plugin_commands.py): without it, the error names the distribution to install
 ========================  =====================================================================
 
 A failure says that torchbay answered and how to run the same job with torchbay's own command, or Accelerate's.
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _commands() -> set[str]:
     """The commands served here and those a plugin serves (installed, or published: then it says what to install)."""
-    from torchbay.compat.plugin_commands import known
+    from torchbay.cli.accelerate.plugin_commands import known
 
     return set(COMMANDS) | set(known())
 
@@ -75,22 +75,22 @@ def _run(command: str, rest: list[str]) -> int:
     from torchbay.cli.main import main as torchbay_main
 
     if command == "launch":
-        from torchbay.compat.commands import launch_command, launch_command_parser
+        from torchbay.cli.accelerate.commands import launch_command, launch_command_parser
 
         launch_command(launch_command_parser().parse_args(rest))
         return 0
     if command == "config":
-        from torchbay.compat.config_commands import config_main
+        from torchbay.cli.accelerate.config_commands import config_main
 
         return config_main(rest)
     if command in ("env", "test"):
-        from torchbay.compat import config_commands
+        from torchbay.cli.accelerate import config_commands
 
         parser = getattr(config_commands, f"{command}_command_parser")()
         getattr(config_commands, f"{command}_command")(parser.parse_args(rest))
         return 0
     if command not in COMMANDS:
-        from torchbay.compat.plugin_commands import run
+        from torchbay.cli.accelerate.plugin_commands import run
 
         return run(command, rest)  # the plugin's command
     return torchbay_main([*COMMANDS[command], *_dashed_config_file(rest)])

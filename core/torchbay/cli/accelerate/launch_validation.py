@@ -23,7 +23,7 @@ import argparse
 import os
 from typing import Any
 
-from torchbay.compat.launch_namespace import FILLED
+from torchbay.cli.accelerate.launch_namespace import FILLED
 from torchbay.errors import ConfigError
 
 #: settings of the file that are no attribute of the namespace (the switches stand for distributed_type)
@@ -82,7 +82,7 @@ def validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespac
             elif key not in NOT_ATTRIBUTES and key not in given and _unset(getattr(args, key, None)):
                 fill(key, value)
     elif getattr(args, "num_processes", None) is None:
-        from torchbay.compat.launch_helpers import _machine_layout
+        from torchbay.cli.accelerate.launch_helpers import _machine_layout
 
         layout = _machine_layout()
         fill("num_processes", layout["num_processes"])

@@ -1,17 +1,30 @@
-"""What the selected plugins and the Accelerator share: one :class:`RunContext` per process."""
+"""What the selected plugins and the Accelerator share: one :class:`RunContext` per process.
+
+It sits with the axes (below :mod:`torchbay.plugin`) because every axis is handed one; what an axis may ask of the
+plugin manager it holds is :class:`InstalledPlugins` (torchbay's :class:`~torchbay.plugin.manager.PluginManager`
+is one)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pluggy
+
     from torchbay.axes.cluster import ClusterEnvironment
     from torchbay.axes.device import DeviceBackend
     from torchbay.axes.precision import Precision
     from torchbay.axes.strategy import Strategy
     from torchbay.config.model import CoreConfig, ResolvedConfig
-    from torchbay.plugin.manager import PluginManager
+
+
+class InstalledPlugins(Protocol):
+    """What the context's ``pm`` offers the axes: pluggy's hooks and what the installed plugins registered."""
+
+    hook: pluggy.HookRelay
+
+    def registries(self) -> dict[str, dict[str, Any]]: ...
 
 
 @dataclass
@@ -23,7 +36,7 @@ class RunContext:
     """
 
     resolved: ResolvedConfig
-    pm: PluginManager
+    pm: InstalledPlugins
     cluster: ClusterEnvironment
     device_backend_cls: type[DeviceBackend]
     strategy_cls: type[Strategy]

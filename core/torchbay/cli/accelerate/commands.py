@@ -23,16 +23,16 @@ from torchbay.compat.accelerate_config_file import (  # noqa: F401 (accelerate.c
 def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     """Accelerate's ``accelerate launch`` parser: Accelerate's namespace (``multi_gpu``, ``use_fsdp``,
     ``num_processes``, ``training_script``...), made from torchbay launch's flags and the Accelerate tables
-    (compat/launch_namespace.py); ``launch_command`` runs what it parsed through torchbay."""
-    from torchbay.compat.launch_namespace import build_launch_parser
+    (launch_namespace.py); ``launch_command`` runs what it parsed through torchbay."""
+    from torchbay.cli.accelerate.launch_namespace import build_launch_parser
 
     return build_launch_parser()
 
 
 def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, Any, bool]:
     """``(args, the config file's settings or None, whether mixed_precision came from it)``: ``args`` completed from
-    the Accelerate config file the launch reads, as Accelerate completes it (compat/launch_validation.py)."""
-    from torchbay.compat.launch_validation import validate_launch_command
+    the Accelerate config file the launch reads, as Accelerate completes it (launch_validation.py)."""
+    from torchbay.cli.accelerate.launch_validation import validate_launch_command
 
     return validate_launch_command(args)
 
@@ -41,8 +41,8 @@ def launch_command(args: argparse.Namespace) -> None:
     """Run a parsed launch with ``torchbay launch --as-accelerate``: the flags the namespace was given (or changed
     to), with the config file Accelerate would read; a failed job ends this process with the job's exit code, as
     Accelerate's does."""
-    from torchbay.compat.launch_namespace import launch_tokens
-    from torchbay.compat.launch_validation import accelerate_config_in_use
+    from torchbay.cli.accelerate.launch_namespace import launch_tokens
+    from torchbay.cli.accelerate.launch_validation import accelerate_config_in_use
 
     tokens = launch_tokens(launch_command_parser(), args)  # before the config file fills the namespace
     _validate_launch_command(args)  # Accelerate's checks: an unknown config key, switches that conflict
