@@ -19,7 +19,6 @@ import torch
 from torchbay.config.files import read_packaged_yaml
 from torchbay.errors import TorchbayError
 from torchbay.process import current, running
-from torchbay.process.current import TORCH_DEVICE_ENV, start_device_backend  # noqa: F401 (read from here)
 from torchbay.process.distributed_type import (  # noqa: F401 (Accelerate's names, served from here)
     DistributedType,
     distributed_type_for,
@@ -43,10 +42,14 @@ _RECORD_FIELDS = {"device": "device", "distributed_type": "distributed_type", "n
                   "_mixed_precision": "mixed_precision", "_cpu": "cpu", "_strategy": "strategy"}
 
 
-def _start(cpu: bool, kwargs: dict[str, Any]) -> current.CurrentRun:
+def _fill(cpu: bool, kwargs: dict[str, Any]) -> None:
+    """Fill the empty shared dict: from the current run, or from one started now (which fills it as it starts)."""
+    run = current.peek()
+    if run is not None:
+        _show(run)
+        return
     timeout = kwargs.get("timeout")
-    return current.start_run(cpu=cpu, backend=kwargs.get("backend"),
-                             timeout_s=timeout.total_seconds() if timeout else None)
+    current.start_run(cpu=cpu, backend=kwargs.get("backend"), timeout_s=timeout.total_seconds() if timeout else None)
 
 
 def _show(run: current.CurrentRun) -> None:
@@ -59,11 +62,6 @@ def _mirror(run: current.CurrentRun | None) -> None:
     PartialState._shared_state.clear()
     if run is not None:
         _show(run)
-
-
-def reset_views() -> None:
-    """Accelerate's ``_reset_state()``: the current run forgotten, the shared dict emptied with it."""
-    current.clear_current()
 
 
 class PartialState(ProcessQueries):
@@ -80,7 +78,7 @@ class PartialState(ProcessQueries):
     def __init__(self, cpu: bool = False, **kwargs: Any):
         self.__dict__ = self._shared_state
         if not self._shared_state:
-            _show(current.peek() or _start(cpu, kwargs))
+            _fill(cpu, kwargs)
 
     def __setattr__(self, name: str, value: Any) -> None:
         """``PartialState().debug = True`` and the like reach the current run, which the services read."""
@@ -109,7 +107,7 @@ class PartialState(ProcessQueries):
     @staticmethod
     def _reset_state() -> None:
         """Forget the shared state and the current run (the process group stays); the next instance rebuilds it."""
-        reset_views()
+        current.clear_current()  # the shared dict follows (_mirror)
 
     @property
     def initialized(self) -> bool:
@@ -156,14 +154,14 @@ class AcceleratorState(PartialState):
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any):
         self.__dict__ = PartialState._shared_state
         if not self._shared_state:
-            _show(current.peek() or _start(cpu, kwargs))
+            _fill(cpu, kwargs)
         if mixed_precision is not None and mixed_precision != self._mixed_precision:
             raise TorchbayError(f"AcceleratorState already holds mixed_precision={self._mixed_precision!r}; pass "
                                 f"mixed_precision={mixed_precision!r} to the Accelerator you create instead")
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
-        reset_views()
+        current.clear_current()  # the shared dict follows (_mirror)
 
     @property
     def mixed_precision(self) -> str:

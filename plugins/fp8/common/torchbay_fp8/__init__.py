@@ -14,7 +14,7 @@ import importlib
 
 __version__ = "0.1.0"
 _SOURCES = {"FP8Config": "torchbay_fp8.config", "FP8Precision": "torchbay_fp8.precision",
-            **dict.fromkeys(["LinearPlan", "plan_linears", "small_layers", "warn_small_layers"],
+            **dict.fromkeys(["LinearPlan", "fp8_gemm_shape", "plan_linears", "small_layers", "warn_small_layers"],
                             "torchbay_fp8.linears")}
 __all__ = sorted(_SOURCES)
 

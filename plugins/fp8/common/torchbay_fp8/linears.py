@@ -43,6 +43,11 @@ class LinearPlan:
         return out
 
 
+def fp8_gemm_shape(module: torch.nn.Linear) -> bool:
+    """Whether FP8 GEMMs can run ``module``: both its dimensions are multiples of 16."""
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
 def plan_linears(model: torch.nn.Module, fp8, *, exact_type: type = torch.nn.Linear,
                  small_below: float = 0) -> LinearPlan:
     """Decide which ``exact_type`` modules of ``model`` to convert, from the ``fp8`` config section.
@@ -65,7 +70,7 @@ def plan_linears(model: torch.nn.Module, fp8, *, exact_type: type = torch.nn.Lin
             plan.skipped[name] = "matched by fp8.exclude"
         elif include and not any(p.search(name) for p in include):
             plan.skipped[name] = "not matched by fp8.include"
-        elif module.in_features % 16 or module.out_features % 16:
+        elif not fp8_gemm_shape(module):
             plan.skipped[name] = (f"shape {module.in_features}->{module.out_features}: FP8 GEMMs need both "
                                   f"dimensions to be multiples of 16")
         elif harmonic_size(module.in_features, module.out_features) < small_below:

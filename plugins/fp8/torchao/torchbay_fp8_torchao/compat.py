@@ -12,6 +12,7 @@ import functools
 from typing import Any, Callable
 
 import torch
+from torchbay_fp8 import fp8_gemm_shape
 
 
 def find_first_last_linear_layers(model: torch.nn.Module) -> tuple[str | None, str | None]:
@@ -23,7 +24,7 @@ def find_first_last_linear_layers(model: torch.nn.Module) -> tuple[str | None, s
 def filter_linear_layers(module: torch.nn.Module, fqn: str, layers_to_filter: list[str]) -> bool:
     """Whether to convert ``module`` (named ``fqn``): not one of ``layers_to_filter``, and a Linear only when
     both its dimensions are multiples of 16 (FP8 matmuls need them)."""
-    if isinstance(module, torch.nn.Linear) and (module.in_features % 16 or module.out_features % 16):
+    if isinstance(module, torch.nn.Linear) and not fp8_gemm_shape(module):
         return False
     return fqn not in layers_to_filter
 
