@@ -63,7 +63,7 @@ elif case.startswith("accelerate"):
 else:
     from torchbay import init_empty_weights, load_checkpoint_and_dispatch
     if not case.endswith("cold"):  # the device plugins found first, as importing accelerate finds its devices
-        from torchbay.plugin.manager import get_plugin_manager
+        from torchbay.registry.manager import get_plugin_manager
         get_plugin_manager().registries()
 x = torch.ones(1, %(width)d)
 torch.manual_seed(0)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from torchbay import Accelerator
 from torchbay.errors import TorchbayError
-from torchbay.plugin.manager import get_plugin_manager
+from torchbay.registry.manager import get_plugin_manager
 
 ENGINES = ("torchao", "te", "msamp")
 RULE = 1024  # the FP8 plugins' SMALL_LAYER_HARMONIC

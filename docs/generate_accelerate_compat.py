@@ -25,7 +25,7 @@ COMPAT_HF_RESULTS = HERE / "compat-hf-results.md"
 def modules() -> list[tuple[str, str]]:
     """Accelerate module -> the torchbay module that answers it (the switch's own table), then the command modules
     a plugin answers (its accelerate.yaml, ``api: commands``; the distribution from the published catalog)."""
-    from torchbay.plugin.published import ACCELERATE_COMMAND, distribution_for
+    from torchbay.registry.published import ACCELERATE_COMMAND, distribution_for
     from torchbay.switch.finder import MODULES, PLUGIN_COMMAND_MODULES
 
     served = [(a if a != "accelerate.utils" else "accelerate.utils (and its submodules)", f"`{t}`")

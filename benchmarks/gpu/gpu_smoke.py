@@ -231,7 +231,7 @@ def why_not(case: Case, device_name: str) -> str | None:
     """Why ``case`` cannot run here, else None."""
     import importlib.util
 
-    from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.registry.manager import get_plugin_manager
 
     registries = get_plugin_manager().registries()
     if case.mode == "fp8":

@@ -26,7 +26,7 @@ _LAZY = {
     "GradientState": "torchbay.data.gradient_state",
     "set_seed": "torchbay.process.seeding",
     "synchronize_rng_states": "torchbay.process.seeding",
-    "resolve_config": "torchbay.plugin.resolve",
+    "resolve_config": "torchbay.registry.resolve",
     "prepare_data_loader": "torchbay.data.prepare",
     "skip_first_batches": "torchbay.data.prepare",
     "find_executable_batch_size": "torchbay.compat.helpers",
@@ -63,9 +63,9 @@ _LAZY = {
     "Precision": "torchbay.axes.precision",
     "CheckpointIO": "torchbay.axes.checkpoint_io",
     "ClusterEnvironment": "torchbay.axes.cluster",
-    "PluginManager": "torchbay.plugin.manager",
-    "get_plugin_manager": "torchbay.plugin.manager",
-    "hookimpl": "torchbay.plugin.manager",
+    "PluginManager": "torchbay.registry.manager",
+    "get_plugin_manager": "torchbay.registry.manager",
+    "hookimpl": "torchbay.registry.manager",
     # the exceptions
     "TorchbayError": "torchbay.errors",
     "CheckpointError": "torchbay.errors",
@@ -147,10 +147,10 @@ if TYPE_CHECKING:
         TorchbayError,
     )
     from torchbay.launch.notebook import debug_launcher, notebook_launcher
-    from torchbay.plugin.manager import PluginManager, get_plugin_manager, hookimpl
-    from torchbay.plugin.resolve import resolve_config
     from torchbay.process.logger import get_logger
     from torchbay.process.seeding import set_seed, synchronize_rng_states
     from torchbay.process.state import AcceleratorState, DistributedType, PartialState
+    from torchbay.registry.manager import PluginManager, get_plugin_manager, hookimpl
+    from torchbay.registry.resolve import resolve_config
     from torchbay.tracking.progress import tqdm
 # -- end of the names written by scripts/public_names.py --

@@ -2,7 +2,7 @@
 
 A plugin is a module or object with functions named like the hooks below, decorated with
 ``torchbay.hookimpl``; it is found through the entry-point group ``torchbay`` (see
-:mod:`torchbay.plugin.manager`). The built-in plugins under ``torchbay.builtin`` use these same
+:mod:`torchbay.registry.manager`). The built-in plugins under ``torchbay.builtin`` use these same
 hooks.
 
 Hooks are for two things only:
@@ -135,7 +135,7 @@ def torchbay_config_sections() -> dict[str, type[BaseModel]]:
     Each model should use ``extra="forbid"``; the section appears at the top level of the
     config tree (``mysection:`` in YAML, ``TORCHBAY_MYSECTION__KEY`` in the environment,
     ``Accelerator(config={"mysection": {...}})``). A section whose name is a core key or
-    another plugin's section disables the plugin that returned it (see :mod:`torchbay.plugin.manager`).
+    another plugin's section disables the plugin that returned it (see :mod:`torchbay.registry.manager`).
 
     :return: a mapping of section name to a pydantic model class with defaults.
     """

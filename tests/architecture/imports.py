@@ -37,7 +37,7 @@ LAYERS = [
     ("errors", "_lazy", "_version"),
     ("config", "distributed", "compile", "storage", "switch"),
     ("axes",),
-    ("plugin", "hookspecs"),
+    ("registry", "hookspecs"),
     ("process",),
     ("data", "checkpoint", "big_modeling", "tracking", "launch"),
     ("compat",),

@@ -120,7 +120,8 @@ def test_every_hook_is_documented_and_exercised():
 
 
 def test_import_torchbay_imports_no_backend_library():
-    code = ("import sys, torchbay; from torchbay.plugin.manager import get_plugin_manager; pm = get_plugin_manager(); "
+    code = ("import sys, torchbay; from torchbay.registry.manager import get_plugin_manager; "
+            "pm = get_plugin_manager(); "
             "pm.registries(); pm.config_sections(); "
             "print(sorted(m for m in ('deepspeed', 'torchao', 'transformer_engine', 'msamp', 'torch_npu', "
             "'torch_xla', 'habana_frameworks', 'intel_extension_for_pytorch', 'huggingface_hub') if m in sys.modules))")
@@ -140,6 +141,6 @@ def test_a_run_without_config_files_reads_no_yaml():
 
 @pytest.mark.skipif(importlib.util.find_spec("torchbay") is None, reason="torchbay not installed")
 def test_no_plugin_manager_is_built_at_import():
-    code = "import torchbay.plugin.manager as p; import torchbay; print(p._cached is None)"
+    code = "import torchbay.registry.manager as p; import torchbay; print(p._cached is None)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "True"

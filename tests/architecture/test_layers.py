@@ -100,4 +100,4 @@ def test_the_checker_counts_lazy_tables(tmp_path):
     assert ("torchbay", "torchbay.accelerator.accelerator") in {(e[0], e[1]) for e in edges}
     assert ("torchbay._moved", "torchbay.axes.strategy") in {(e[0], e[1]) for e in edges}
     assert imports.upward([("torchbay.config.facade", "torchbay.accelerator.accelerator", 4, False)])
-    assert imports.layer_of("torchbay.plugin") > imports.layer_of("torchbay.plugin.manager")
+    assert imports.layer_of("torchbay.plugin") > imports.layer_of("torchbay.registry.manager")

@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from torchbay import Accelerator
 from torchbay.axes.precision import Precision, by_mode, engine_setting, mode_install_hint, registry_key
 from torchbay.errors import ConfigError, IncompatibleSetupError
-from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
-from torchbay.plugin.resolve import resolve_config
+from torchbay.registry.manager import PluginManager, hookimpl, reset_plugin_manager
+from torchbay.registry.resolve import resolve_config
 
 
 class Int4Section(BaseModel):

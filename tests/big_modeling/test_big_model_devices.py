@@ -14,7 +14,7 @@ import torchbay
 from torchbay import utils
 from torchbay.axes.device import DeviceBackend
 from torchbay.big_modeling.device_map import accelerator_class
-from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
+from torchbay.registry.manager import PluginManager, hookimpl, reset_plugin_manager
 from torchbay.testing.conformance import run_check
 
 GIB = 2**30

@@ -16,7 +16,7 @@ from torch import nn
 import torchbay
 from torchbay import utils
 from torchbay.axes.device import DeviceBackend
-from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
+from torchbay.registry.manager import PluginManager, hookimpl, reset_plugin_manager
 
 
 def trio(extra_buffer=0):

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from torchbay.cli.main import main
-from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
+from torchbay.registry.manager import PluginManager, hookimpl, reset_plugin_manager
 
 TESTS = Path(__file__).resolve().parents[1]
 FIXTURES = TESTS / "fixtures" / "accelerate"
@@ -139,7 +139,7 @@ def test_default_config(capsys, tmp_path):
 
 
 def test_questionnaire_asks_installed_choices(capsys, tmp_path, monkeypatch):
-    from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.registry.manager import get_plugin_manager
 
     registries = get_plugin_manager().registries()
     answers = {"Which device": "cpu", "How many machines": "2", "Rank of this machine": "1",

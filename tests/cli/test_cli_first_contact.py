@@ -70,8 +70,8 @@ def _in_tree_distributions():
 def test_the_catalog_is_what_plugins_in_this_repository_register():
     """Every name an installed in-tree plugin registers is in the catalog under its distribution,
     and the catalog names no distribution that is not in plugins/."""
-    from torchbay.plugin.manager import get_plugin_manager
-    from torchbay.plugin.published import catalog
+    from torchbay.registry.manager import get_plugin_manager
+    from torchbay.registry.published import catalog
     from torchbay.tracking.trackers import registered
 
     in_tree = _in_tree_distributions()

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from torchbay.cli.main import main
-from torchbay.plugin.api_version import API_VERSION
-from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
+from torchbay.registry.api_version import API_VERSION
+from torchbay.registry.manager import PluginManager, hookimpl, reset_plugin_manager
 
 HERE = Path(__file__).parent
 
@@ -94,7 +94,7 @@ def test_plugins_table_and_requirements(capsys):
 
 def test_plugins_lists_a_broken_plugin(capsys):
     pm = PluginManager()
-    from torchbay.plugin.info import PluginInfo
+    from torchbay.registry.info import PluginInfo
 
     pm.infos["brokenplug"] = PluginInfo("brokenplug", "torchbay-brokenplug", "0.1", "failed",
                                         "ImportError: no module named brokenlib")

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 #: where a device would have to be added if torchbay were built like the tools it replaces
-REGISTRATION_FILES = ("setup.cfg", "core/torchbay/plugin/manager.py", "core/torchbay/plugin/selection.py",
+REGISTRATION_FILES = ("setup.cfg", "core/torchbay/registry/manager.py", "core/torchbay/registry/selection.py",
                       "core/torchbay/axes/device.py", "core/torchbay/config/model.py",
                       "core/torchbay/checkpoint/checkpointer.py", "core/torchbay/builtin/__init__.py",
                       "core/torchbay/builtin/cpu.py", "core/torchbay/hookspecs.py")
@@ -102,7 +102,7 @@ def test_scaffolded_device_builds_installs_is_selected_and_passes_the_kit(tmp_pa
     probe.parent.mkdir()
     probe.write_text(textwrap.dedent("""
         from torchbay import Accelerator
-        from torchbay.plugin.manager import get_plugin_manager, reset_plugin_manager
+        from torchbay.registry.manager import get_plugin_manager, reset_plugin_manager
 
 
         def test_installed_and_selected():

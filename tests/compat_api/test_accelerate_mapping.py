@@ -16,7 +16,7 @@ import torchbay
 from torchbay.compat import config_import as accelerate_import
 from torchbay.compat.names import UnsupportedAPIError
 from torchbay.config.model import Section
-from torchbay.plugin.manager import PluginManager, get_plugin_manager, hookimpl, reset_plugin_manager
+from torchbay.registry.manager import PluginManager, get_plugin_manager, hookimpl, reset_plugin_manager
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "accelerate"
@@ -176,7 +176,7 @@ def test_fragments_are_read_only_when_needed():
     code = ("import torchbay; from torchbay import Accelerator; from torchbay.utils import set_seed; "
             "acc = Accelerator(); acc.distributed_type; "
             "from torchbay.compat.config_import import read_fragment; a = read_fragment.cache_info().currsize; "
-            "torchbay.utils.is_cuda_available(); from torchbay.plugin.manager import get_plugin_manager; "
+            "torchbay.utils.is_cuda_available(); from torchbay.registry.manager import get_plugin_manager; "
             "plugins = get_plugin_manager().hook.torchbay_accelerate_mapping.get_hookimpls(); "
             "print(a, read_fragment.cache_info().currsize > 0 or not plugins)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBAY_")}

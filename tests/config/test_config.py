@@ -6,7 +6,7 @@ import pytest
 
 from torchbay import Accelerator, ConfigError, IncompatibleSetupError
 from torchbay.config.model import RESOLVED_ENV
-from torchbay.plugin.resolve import resolve_config
+from torchbay.registry.resolve import resolve_config
 
 
 def write(tmp_path, text, name="cfg.yaml"):
@@ -25,7 +25,7 @@ def test_defaults():
 def test_defaults_without_input_equal_the_validated_defaults():
     """With no input the tree is built without its validator; it must be what validating no input gives, for every
     section of the installed plugins, and it still validates what is set on it afterwards."""
-    from torchbay.plugin.resolve import config_model
+    from torchbay.registry.resolve import config_model
 
     resolved = resolve_config(environ={})
     assert resolved.config == config_model().model_validate({})

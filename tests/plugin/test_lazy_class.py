@@ -15,9 +15,9 @@ import pytest
 from torchbay.cli.plugins_cmd import rows
 from torchbay.errors import IncompatibleSetupError
 from torchbay.plugin import LazyClass, hookimpl
-from torchbay.plugin.manager import PluginManager
-from torchbay.plugin.resolve import resolve_config
-from torchbay.plugin.selection import build_context
+from torchbay.registry.manager import PluginManager
+from torchbay.registry.resolve import resolve_config
+from torchbay.registry.selection import build_context
 
 MODULE = "torchbay_lazy_fixture_strategies"
 
@@ -101,7 +101,7 @@ def test_a_default_run_imports_no_lazily_registered_class_of_the_installed_plugi
         import json, sys
         from torchbay import Accelerator
         from torchbay.plugin import LazyClass
-        from torchbay.plugin.manager import get_plugin_manager
+        from torchbay.registry.manager import get_plugin_manager
 
         Accelerator()
         lazy = [entry.target.partition(":")[0] for registry in get_plugin_manager().registries().values()

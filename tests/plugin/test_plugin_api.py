@@ -15,8 +15,8 @@ import pytest
 
 import torchbay.plugin
 from torchbay.cli.new_plugin import scaffold_device_plugin
-from torchbay.plugin import api_version
-from torchbay.plugin.manager import PluginManager
+from torchbay.registry import api_version
+from torchbay.registry.manager import PluginManager
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLIC_MODULES = {"torchbay", "torchbay.plugin", "torchbay.hookspecs", "torchbay.errors"}
@@ -44,20 +44,20 @@ def test_every_public_name_resolves_and_is_listed():
 #: plugin test files that still check the core's selection and config against their plugin through internal modules
 #: (they were core tests until the layout step moved them beside their plugin): this list may only shrink
 TESTS_ON_INTERNALS = {
-    "plugins/deepspeed/tests/conftest.py": {"torchbay.axes.cluster", "torchbay.plugin.resolve",
-                                            "torchbay.plugin.manager", "torchbay.plugin.selection"},
-    "plugins/deepspeed/tests/test_deepspeed.py": {"torchbay.accelerator.prepared", "torchbay.plugin.resolve",
-                                                  "torchbay.plugin.manager"},
-    "plugins/devices/tests/test_devices.py": {"torchbay.plugin.resolve", "torchbay.plugin.manager",
-                                              "torchbay.plugin.selection"},
+    "plugins/deepspeed/tests/conftest.py": {"torchbay.axes.cluster", "torchbay.registry.resolve",
+                                            "torchbay.registry.manager", "torchbay.registry.selection"},
+    "plugins/deepspeed/tests/test_deepspeed.py": {"torchbay.accelerator.prepared", "torchbay.registry.resolve",
+                                                  "torchbay.registry.manager"},
+    "plugins/devices/tests/test_devices.py": {"torchbay.registry.resolve", "torchbay.registry.manager",
+                                              "torchbay.registry.selection"},
     "plugins/fp8/tests/test_fp8.py": {"torchbay.axes.precision", "torchbay.axes.strategy", "torchbay.config.model",
-                                      "torchbay.plugin.resolve", "torchbay.plugin.manager"},
+                                      "torchbay.registry.resolve", "torchbay.registry.manager"},
     "plugins/fsdp/tests/scripts/fsdp_accelerate_files.py": {"torchbay.utils"},
-    "plugins/fsdp/tests/test_fsdp.py": {"torchbay.cli.main", "torchbay.plugin.resolve", "torchbay.plugin.manager",
-                                        "torchbay.plugin.selection"},
+    "plugins/fsdp/tests/test_fsdp.py": {"torchbay.cli.main", "torchbay.registry.resolve", "torchbay.registry.manager",
+                                        "torchbay.registry.selection"},
     "plugins/fsdp/tests/test_parallelism.py": {"torchbay.accelerator.surface", "torchbay.cli.main",
-                                               "torchbay.plugin.resolve", "torchbay.plugin.manager",
-                                               "torchbay.plugin.selection", "torchbay.utils"},
+                                               "torchbay.registry.resolve", "torchbay.registry.manager",
+                                               "torchbay.registry.selection", "torchbay.utils"},
 }
 
 

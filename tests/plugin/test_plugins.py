@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from torchbay.plugin.manager import PluginManager, hookimpl
+from torchbay.registry.manager import PluginManager, hookimpl
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(TESTS, "fixtures")

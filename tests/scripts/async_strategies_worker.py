@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import (  # noqa: E402
 from torchbay import Accelerator, CheckpointError  # noqa: E402
 from torchbay.errors import TorchbayError  # noqa: E402
 from torchbay.plugin import hookimpl  # noqa: E402
-from torchbay.plugin.manager import get_plugin_manager  # noqa: E402
+from torchbay.registry.manager import get_plugin_manager  # noqa: E402
 from torchbay.storage import publish as ckdir  # noqa: E402
 
 ARMED = threading.Event()  # the injected failure fires (on rank 1) while set

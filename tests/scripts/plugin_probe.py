@@ -12,7 +12,7 @@ p.add_argument("--config-file")
 p.add_argument("--ckpt")
 args = p.parse_args()
 
-from torchbay.plugin.manager import get_plugin_manager  # noqa: E402
+from torchbay.registry.manager import get_plugin_manager  # noqa: E402
 
 pm = get_plugin_manager()
 registries = pm.registries()  # registration failures are recorded while the registries are built

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from torchbay.builtin.cpu import CPUBackend
-from torchbay.plugin.manager import PluginManager, hookimpl
+from torchbay.registry.manager import PluginManager, hookimpl
 from torchbay.testing.conformance import CHECKS, run_check, run_conformance
 
 try:
@@ -165,7 +165,7 @@ def test_plugin_import_check_catches_a_runtime_imported_at_module_level(tmp_path
     (tmp_path / "eager_plugin.py").write_text(textwrap.dedent("""
         import eager_vendor_runtime  # the mistake: a module-level runtime import
         from torchbay.builtin.cpu import CPUBackend
-        from torchbay.plugin.manager import hookimpl
+        from torchbay.registry.manager import hookimpl
 
         class EagerBackend(CPUBackend):
             name = "eager"
@@ -194,7 +194,7 @@ def test_the_pytest_face_skips_fails_and_names_the_check(tmp_path):
     (tmp_path / "test_kit_broken.py").write_text(textwrap.dedent("""
         import pytest
         from torchbay.testing.conformance import *  # noqa: F403 (the kit's tests)
-        from torchbay.plugin.manager import PluginManager
+        from torchbay.registry.manager import PluginManager
         from test_conformance import BrokenPlugin
 
         CONFORMANCE_DEVICE = "broken_rng"

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from torchbay import Accelerator
 from torchbay.errors import ConfigError
-from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
+from torchbay.registry.manager import PluginManager, hookimpl, reset_plugin_manager
 from torchbay.testing import tracking_run
 from torchbay.testing.processes import run_torchrun
 from torchbay.tracking.jsonl import JSONLinesTracker, read_jsonl, read_scalars
@@ -435,7 +435,8 @@ def test_the_core_names_no_tracker_library():
 
 
 def test_import_and_plugin_loading_import_no_tracker_library():
-    code = ("import sys, torchbay; from torchbay.plugin.manager import get_plugin_manager; pm = get_plugin_manager(); "
+    code = ("import sys, torchbay; from torchbay.registry.manager import get_plugin_manager; "
+            "pm = get_plugin_manager(); "
             "pm.registries(); pm.config_sections(); import torchbay.tracking.trackers; "
             "print(sorted(m for m in ('tensorboard', 'torch.utils.tensorboard', 'mlflow', 'wandb', 'dvclive', "
             "'trackio', 'aim', 'matplotlib') if m in sys.modules))")

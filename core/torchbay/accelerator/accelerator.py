@@ -38,13 +38,13 @@ from torchbay.data.gradient_state import GradientState
 from torchbay.data.prepare import skip_first_batches
 from torchbay.distributed.unwrap import unwrap
 from torchbay.errors import ConfigError
-from torchbay.plugin.manager import get_plugin_manager
-from torchbay.plugin.resolve import config_model, resolve_config
-from torchbay.plugin.selection import build_context
 from torchbay.process import running
 from torchbay.process.current import describe, set_current, start_device_backend
 from torchbay.process.seeding import set_seed
 from torchbay.process.state import AcceleratorState, DistributedType, distributed_type_for
+from torchbay.registry.manager import get_plugin_manager
+from torchbay.registry.resolve import config_model, resolve_config
+from torchbay.registry.selection import build_context
 from torchbay.tracking.run import RunTracking
 from torchbay.tracking.trackers import split_log_with
 

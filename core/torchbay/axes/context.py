@@ -1,7 +1,7 @@
 """What the selected plugins and the Accelerator share: one :class:`RunContext` per process.
 
 It sits with the axes (below :mod:`torchbay.plugin`) because every axis is handed one; what an axis may ask of the
-plugin manager it holds is :class:`InstalledPlugins` (torchbay's :class:`~torchbay.plugin.manager.PluginManager`
+plugin manager it holds is :class:`InstalledPlugins` (torchbay's :class:`~torchbay.registry.manager.PluginManager`
 is one)."""
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from torchbay.errors import ConfigError
-from torchbay.plugin.manager import get_plugin_manager
 from torchbay.process import running
+from torchbay.registry.manager import get_plugin_manager
 
 log = logging.getLogger("torchbay")
 

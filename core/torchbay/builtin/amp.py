@@ -7,7 +7,7 @@ import torch
 from torchbay.axes.precision import Precision
 from torchbay.config.handlers import AutocastKwargs, GradScalerKwargs
 from torchbay.errors import CheckpointError
-from torchbay.plugin.manager import hookimpl
+from torchbay.registry.manager import hookimpl
 
 
 class AutocastPrecision(Precision):

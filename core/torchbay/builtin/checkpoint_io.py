@@ -10,7 +10,7 @@ import torch
 
 from torchbay.axes.checkpoint_io import CheckpointIO
 from torchbay.errors import CheckpointError
-from torchbay.plugin.manager import hookimpl
+from torchbay.registry.manager import hookimpl
 from torchbay.storage.files import dcp_files_of_rank, dedupe_shared
 from torchbay.storage.inplace import plan_safetensors, run_reads
 from torchbay.storage.safe_load import dcp_load, dcp_load_full, safe_torch_load

@@ -6,7 +6,7 @@ import os
 import re
 
 from torchbay.axes.cluster import ClusterEnvironment
-from torchbay.plugin.manager import hookimpl
+from torchbay.registry.manager import hookimpl
 
 
 class TorchrunEnvironment(ClusterEnvironment):

@@ -7,7 +7,7 @@ import os
 import torch
 
 from torchbay.axes.device import DeviceBackend
-from torchbay.plugin.manager import hookimpl
+from torchbay.registry.manager import hookimpl
 
 
 def _proc_status_kib(field: str) -> int:

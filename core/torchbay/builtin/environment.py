@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import platform
 
-from torchbay.plugin.info import _own_version
-from torchbay.plugin.manager import hookimpl
+from torchbay.registry.info import _own_version
+from torchbay.registry.manager import hookimpl
 
 
 @hookimpl

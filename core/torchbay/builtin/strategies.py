@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from torchbay.axes.strategy import Strategy
 from torchbay.config.handlers import DistributedDataParallelKwargs
-from torchbay.plugin.manager import hookimpl
+from torchbay.registry.manager import hookimpl
 
 
 class SingleStrategy(Strategy):

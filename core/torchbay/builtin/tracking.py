@@ -4,7 +4,7 @@ every other set-up problem, before any process group starts."""
 
 from __future__ import annotations
 
-from torchbay.plugin.manager import hookimpl
+from torchbay.registry.manager import hookimpl
 from torchbay.tracking.jsonl import JSONLinesTracker
 from torchbay.tracking.trackers import tracking_problems
 

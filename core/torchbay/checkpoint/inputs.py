@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torchbay.axes.strategy import Strategy
     from torchbay.config.model import CoreConfig
     from torchbay.data.gradient_state import GradientState
-    from torchbay.plugin.manager import PluginManager
+    from torchbay.registry.manager import PluginManager
 
 
 @dataclass(eq=False)

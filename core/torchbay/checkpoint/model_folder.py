@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from torchbay.errors import CheckpointError
-from torchbay.plugin.info import _own_version as version
+from torchbay.registry.info import _own_version as version
 from torchbay.storage.files import dedupe_shared
 from torchbay.storage.files import fsync_dir as fsync_path
 

@@ -101,7 +101,7 @@ class AccelerateLaunchFlags:
         found = self._section_of(key)
         if found is not None:
             return self._section_flag(key, *found, eq, value, nxt)
-        from torchbay.plugin.published import LAUNCH_SWITCH, distribution_for
+        from torchbay.registry.published import LAUNCH_SWITCH, distribution_for
 
         serving = distribution_for(LAUNCH_SWITCH, key)
         if serving:  # a plugin's switch, and that plugin is not installed

@@ -76,7 +76,7 @@ def show_command(args: argparse.Namespace) -> int:
 
 
 def schema_command(args: argparse.Namespace) -> int:
-    from torchbay.plugin.resolve import config_model
+    from torchbay.registry.resolve import config_model
 
     print(json.dumps(config_model().model_json_schema(), indent=2))
     return 0
@@ -84,8 +84,8 @@ def schema_command(args: argparse.Namespace) -> int:
 
 def validate_command(args: argparse.Namespace) -> int:
     from torchbay.launch.plan import prepare
-    from torchbay.plugin.manager import get_plugin_manager
-    from torchbay.plugin.resolve import resolve_config
+    from torchbay.registry.manager import get_plugin_manager
+    from torchbay.registry.resolve import resolve_config
 
     pm = get_plugin_manager()
     resolved = resolve_config(file=args.file, environ={}, pm=pm)  # the file alone, not this shell's env
@@ -314,7 +314,7 @@ def _ask_precision(asker: Asker, pm, registry: dict[str, Any], device_cls, tree:
 
 def default_tree(pm) -> dict[str, Any]:
     """A sensible config for this machine: its best device, one process per device."""
-    from torchbay.plugin.selection import select_device
+    from torchbay.registry.selection import select_device
 
     problems: list[str] = []
     device_cls = select_device("auto", pm.registries()["devices"], pm, problems)
@@ -332,8 +332,8 @@ def default_tree(pm) -> dict[str, Any]:
 def questionnaire_command(args: argparse.Namespace, asker: Asker | None = None) -> int:
     import yaml
 
-    from torchbay.plugin.manager import get_plugin_manager
-    from torchbay.plugin.resolve import resolve_config
+    from torchbay.registry.manager import get_plugin_manager
+    from torchbay.registry.resolve import resolve_config
 
     pm = get_plugin_manager()
     _refuse_overwrite(args.output, args.force)

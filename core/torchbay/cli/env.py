@@ -38,12 +38,12 @@ def collect(pm, config_file: str | None = None) -> dict[str, Any]:
     import os
 
     from torchbay.config.model import RESOLVED_ENV
-    from torchbay.plugin.resolve import resolve_config
+    from torchbay.registry.resolve import resolve_config
 
     report: dict[str, Any] = {"versions": {}, "plugins": [], "backends": {}, "devices": [], "config": {}}
     try:
         pm.config_sections()  # a plugin failing here is listed as failed below
-        from torchbay.plugin.selection import probe_run_hooks
+        from torchbay.registry.selection import probe_run_hooks
 
         probe_run_hooks(pm, config_file)  # and one failing in torchbay_validate / torchbay_state_extra
     except Exception:
@@ -122,7 +122,7 @@ def _trackers(registry: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def env_command(args: argparse.Namespace) -> int:
-    from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.registry.manager import get_plugin_manager
 
     report = collect(get_plugin_manager(), args.config_file or _found_config_file())
     if args.format == "json":

@@ -233,7 +233,7 @@ def _gib(n: int) -> str:
 def estimate_command(args: argparse.Namespace) -> int:
     from torchbay.cli.options import resolve_from_args
     from torchbay.distributed.parallelism_config import parallel_sizes
-    from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.registry.manager import get_plugin_manager
 
     pm = get_plugin_manager()
     resolved = resolve_from_args(args, pm=pm)

@@ -46,7 +46,7 @@ def launch_command(args: argparse.Namespace) -> int:
     from torchbay.errors import ConfigError
     from torchbay.launch.plan import check_port_free, prepare
     from torchbay.launch.run import exec_direct, run_torchrun, torchrun_argv
-    from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.registry.manager import get_plugin_manager
 
     args.script_args = script_args_as_given(args)
     if not args.module and os.path.isdir(args.script):

@@ -35,7 +35,7 @@ def apply_plugin_flags(argv: list[str]) -> list[str]:
             current = [n for n in os.environ.get(var, "").split(",") if n]
             os.environ[var] = ",".join(current + names)
     if load or block:
-        from torchbay.plugin.manager import reset_plugin_manager
+        from torchbay.registry.manager import reset_plugin_manager
 
         reset_plugin_manager(None)
     return argv
@@ -55,7 +55,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.registry.manager import get_plugin_manager
 
     parser = Parser(prog="torchbay", description="Run your own PyTorch loop on any device, strategy and precision.")
     parser.add_argument("-p", dest="plugin_flags", action="append", metavar="NAME",

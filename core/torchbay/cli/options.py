@@ -146,7 +146,7 @@ def add_config_options(parser: argparse.ArgumentParser, command: str, pm=None,
     group.add_argument("--set", dest="_set", action="append", default=[], metavar="KEY=VALUE",
                        help="set any key, plugin sections included (value is YAML): --set fsdp_like.key=true")
     if pm is None:
-        from torchbay.plugin.manager import get_plugin_manager
+        from torchbay.registry.manager import get_plugin_manager
 
         pm = get_plugin_manager()
     before = {id(a) for a in parser._actions}
@@ -204,7 +204,7 @@ def resolve_from_args(args: argparse.Namespace, pm=None, environ=None):
 
     from torchbay.config.files import CONFIG_FILE_ENV
     from torchbay.config.model import RESOLVED_ENV
-    from torchbay.plugin.resolve import resolve_config
+    from torchbay.registry.resolve import resolve_config
 
     environ = dict(os.environ if environ is None else environ)
     environ.pop(RESOLVED_ENV, None)  # a launcher resolves afresh, even inside another job

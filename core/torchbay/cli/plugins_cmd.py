@@ -22,7 +22,7 @@ def rows(pm) -> list[dict]:
         pm.registries()  # fills "registers"; a plugin failing here is marked failed
         pm.load_every_registered()  # and one whose lazily registered class cannot be imported
         pm.config_sections()
-        from torchbay.plugin.selection import probe_run_hooks
+        from torchbay.registry.selection import probe_run_hooks
 
         probe_run_hooks(pm)  # a plugin failing in torchbay_validate/state_extra too
         pm.registries()  # what a failed plugin registered is dropped
@@ -44,7 +44,7 @@ def rows(pm) -> list[dict]:
 
 
 def requirement_lines(pm) -> list[str]:
-    from torchbay.plugin.info import _own_version
+    from torchbay.registry.info import _own_version
 
     lines = [f"torchbay=={_own_version()}"]
     seen = {"torchbay"}
@@ -90,7 +90,7 @@ def _wrapped_row(row: tuple[str, ...], widths: list[int]) -> list[str]:
 
 
 def plugins_command(args: argparse.Namespace) -> int:
-    from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.registry.manager import get_plugin_manager
 
     pm = get_plugin_manager()
     if args.requirements:

@@ -30,8 +30,8 @@ def test_command(args: argparse.Namespace) -> int:
     from torchbay.config.model import RESOLVED_ENV
     from torchbay.launch.plan import prepare
     from torchbay.launch.run import exec_direct, run_torchrun
-    from torchbay.plugin.manager import get_plugin_manager
-    from torchbay.plugin.resolve import resolve_config
+    from torchbay.registry.manager import get_plugin_manager
+    from torchbay.registry.resolve import resolve_config
 
     pm = get_plugin_manager()
     cli = cli_values(args)

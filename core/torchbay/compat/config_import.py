@@ -4,7 +4,7 @@ The mapping is data: Accelerate's key names and values on one side, torchbay's d
 the other. The core's table (``torchbay/resources/accelerate.yaml``) covers cpu, single, ddp
 and the generic keys; each plugin adds what it serves (a device's ``distributed_type``, a
 strategy's nested config...) from an ``accelerate.yaml`` in its own package, which the plugin manager reads
-(:mod:`torchbay.plugin.fragments`). An Accelerate value or key that no
+(:mod:`torchbay.registry.fragments`). An Accelerate value or key that no
 installed plugin maps is reported as not imported, saying which kind of plugin would map it.
 Every key of the input ends up in exactly one of three lists, so that nothing is dropped
 silently:
@@ -28,10 +28,10 @@ import yaml
 from torchbay.config.files import load_yaml_file, read_packaged_yaml
 from torchbay.config.model import dotted_to_tree
 from torchbay.errors import ConfigError
-from torchbay.plugin.fragments import read_fragment  # noqa: F401 (its old path, still served)
-from torchbay.plugin.manager import get_plugin_manager
-from torchbay.plugin.resolve import config_model, describe_errors
 from torchbay.process.state import distributed_type_names
+from torchbay.registry.fragments import read_fragment  # noqa: F401 (its old path, still served)
+from torchbay.registry.manager import get_plugin_manager
+from torchbay.registry.resolve import config_model, describe_errors
 
 #: the reason given for an Accelerate value or nested config that no installed plugin maps
 NO_PLUGIN = ("no installed plugin maps it; install the torchbay {kind} for it "

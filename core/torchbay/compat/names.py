@@ -27,9 +27,9 @@ import torch
 
 from torchbay.compat import library_names
 from torchbay.errors import UnsupportedAPIError  # noqa: F401 (its old path, still served)
-from torchbay.plugin.manager import get_plugin_manager
 from torchbay.process.current import peek
 from torchbay.process.state import accelerate_api_table
+from torchbay.registry.manager import get_plugin_manager
 
 MISSING = object()
 

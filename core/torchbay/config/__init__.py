@@ -1,7 +1,7 @@
 """One configuration tree: ``model`` (the core sections, :class:`Section` for plugins, :class:`ResolvedConfig`),
 ``files`` (reading YAML), ``handlers`` (Accelerate's kwargs handlers: ``AutocastKwargs``...). Resolving the tree for
 the installed plugins (``resolve_config``) needs the plugin manager, so it lives above, in
-:mod:`torchbay.plugin.resolve` (``torchbay.resolve_config``)."""
+:mod:`torchbay.registry.resolve` (``torchbay.resolve_config``)."""
 
 from typing import TYPE_CHECKING
 

@@ -1,6 +1,6 @@
 """The one configuration tree: the core sections, :class:`Section` (what a plugin's section subclasses), and
 :class:`ResolvedConfig` (a validated tree and where each value came from). How a tree is resolved from its
-sources is :mod:`torchbay.plugin.resolve`.
+sources is :mod:`torchbay.registry.resolve`.
 
 Sources, lowest first: defaults < config file (YAML) < ``TORCHBAY_*`` environment <
 command-line flags < ``Accelerator(...)`` arguments. Every section forbids unknown keys;

@@ -15,10 +15,10 @@ from typing import Any, Callable
 
 from torchbay.errors import LaunchError
 from torchbay.launch.plan import port_in_use
-from torchbay.plugin.manager import get_plugin_manager
-from torchbay.plugin.resolve import resolve_config
-from torchbay.plugin.selection import build_context
 from torchbay.process.state import PartialState
+from torchbay.registry.manager import get_plugin_manager
+from torchbay.registry.resolve import resolve_config
+from torchbay.registry.selection import build_context
 
 
 @contextlib.contextmanager

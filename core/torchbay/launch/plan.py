@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from torchbay.axes.cluster import ClusterEnvironment, SingleProcessEnvironment, detect_cluster_environment
 from torchbay.config.model import RESOLVED_ENV, ResolvedConfig
 from torchbay.errors import ConfigError
-from torchbay.plugin.selection import build_context, select_device
+from torchbay.registry.selection import build_context, select_device
 from torchbay.switch.finder import SWITCH_ENV
 
 WORKER = str(Path(__file__).resolve().parent / "worker.py")

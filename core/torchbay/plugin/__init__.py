@@ -3,7 +3,7 @@
 A plugin (a device, strategy, precision, checkpoint io, cluster environment or tracker, in a distribution of its
 own) imports from ``torchbay.plugin`` - and from ``torchbay`` (the user API), ``torchbay.hookspecs`` (the hook
 contract), ``torchbay.errors`` and, in its tests, ``torchbay.testing`` - and nothing else: those names are the
-promise, versioned by :data:`API_VERSION` (see :mod:`torchbay.plugin.api_version`). Every other module of torchbay
+promise, versioned by :data:`API_VERSION` (see :mod:`torchbay.registry.api_version`). Every other module of torchbay
 is internal and may move. Names are imported on first use, so importing this package costs nothing.
 
 >>> from torchbay.plugin import DeviceBackend, hookimpl
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 from torchbay._lazy import attach
 
 _LAZY = {
-    "API_VERSION": "torchbay.plugin.api_version",
-    "hookimpl": "torchbay.plugin.manager",
-    "LazyClass": "torchbay.plugin.lazy_class",
-    "library_version": "torchbay.plugin.info",
+    "API_VERSION": "torchbay.registry.api_version",
+    "hookimpl": "torchbay.registry.manager",
+    "LazyClass": "torchbay.registry.lazy_class",
+    "library_version": "torchbay.registry.info",
     "RunContext": "torchbay.axes.context",
     # the axes a plugin implements
     "DeviceBackend": "torchbay.axes.device",
@@ -39,7 +39,7 @@ _LAZY = {
     "read_scalars": "torchbay.tracking.jsonl",
     # configuration a plugin adds: its section, its Accelerate-config fragment, its CLI flags
     "Section": "torchbay.config.model",
-    "read_fragment": "torchbay.plugin.fragments",
+    "read_fragment": "torchbay.registry.fragments",
     "add_section_options": "torchbay.cli.options",
     "ParallelismConfig": "torchbay.distributed.parallelism_config",
     "MESH_ORDER": "torchbay.distributed.parallelism_config",
@@ -100,11 +100,11 @@ if TYPE_CHECKING:
         PluginError,
         TorchbayError,
     )
-    from torchbay.plugin.api_version import API_VERSION
-    from torchbay.plugin.fragments import read_fragment
-    from torchbay.plugin.info import library_version
-    from torchbay.plugin.lazy_class import LazyClass
-    from torchbay.plugin.manager import hookimpl
+    from torchbay.registry.api_version import API_VERSION
+    from torchbay.registry.fragments import read_fragment
+    from torchbay.registry.info import library_version
+    from torchbay.registry.lazy_class import LazyClass
+    from torchbay.registry.manager import hookimpl
     from torchbay.storage.files import dcp_files_of_rank, file_record, fsync_dir
     from torchbay.storage.publish import read_manifest, remove_own_checkpoint
     from torchbay.storage.safe_load import dcp_load, dcp_load_full, safe_torch_load

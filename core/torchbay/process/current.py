@@ -19,11 +19,11 @@ from typing import Any, Callable
 import torch
 
 from torchbay.errors import ConfigError
-from torchbay.plugin.manager import get_plugin_manager
-from torchbay.plugin.resolve import resolve_config
-from torchbay.plugin.selection import build_context
 from torchbay.process import running
 from torchbay.process.distributed_type import distributed_type_for
+from torchbay.registry.manager import get_plugin_manager
+from torchbay.registry.resolve import resolve_config
+from torchbay.registry.selection import build_context
 
 
 @dataclass

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import torch
 
 from torchbay.axes.device import DeviceBackend
-from torchbay.plugin import manager as plugins
-from torchbay.plugin.manager import get_plugin_manager
+from torchbay.registry import manager as plugins
+from torchbay.registry.manager import get_plugin_manager
 
 
 class ConformanceFailure(AssertionError):

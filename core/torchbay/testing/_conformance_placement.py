@@ -9,7 +9,7 @@ from torch import nn
 from torchbay.big_modeling.device_map import accelerator_class
 from torchbay.big_modeling.infer import infer_auto_device_map
 from torchbay.big_modeling.modeling import dispatch_model
-from torchbay.plugin import manager as plugins
+from torchbay.registry import manager as plugins
 from torchbay.testing._conformance_base import ConformanceSkip, _device_class, _fail, _require_available
 
 

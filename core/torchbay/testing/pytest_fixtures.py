@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from torchbay.plugin.manager import reset_plugin_manager
+from torchbay.registry.manager import reset_plugin_manager
 
 
 @pytest.fixture(autouse=True)

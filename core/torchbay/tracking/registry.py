@@ -19,7 +19,7 @@ from collections.abc import MutableMapping
 from typing import Any, Iterator, Mapping
 
 from torchbay._lazy import attach
-from torchbay.plugin.lazy_class import loaded
+from torchbay.registry.lazy_class import loaded
 from torchbay.tracking import trackers
 from torchbay.tracking.trackers import (  # noqa: F401 (Accelerate-convention helpers, read from here)
     LOGGING_DIR_SETTINGS,
@@ -43,7 +43,7 @@ class TrackerClasses(MutableMapping):
 
     @staticmethod
     def _plugins() -> Mapping[str, Any]:
-        from torchbay.plugin.manager import get_plugin_manager
+        from torchbay.registry.manager import get_plugin_manager
 
         return get_plugin_manager().registries()["trackers"]
 

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from torchbay.axes.tracker import GeneralTracker, TrackerError, takes_settings  # noqa: F401 (re-exported)
-from torchbay.plugin.lazy_class import loaded
-from torchbay.plugin.manager import get_plugin_manager
-from torchbay.plugin.published import TRACKER
-from torchbay.plugin.published import install_hint as hint
-from torchbay.plugin.selection import check_selected
 from torchbay.process.current import peek
+from torchbay.registry.lazy_class import loaded
+from torchbay.registry.manager import get_plugin_manager
+from torchbay.registry.published import TRACKER
+from torchbay.registry.published import install_hint as hint
+from torchbay.registry.selection import check_selected
 from torchbay.switch.finder import installed_finder
 from torchbay.tracking.values import flatten, hparam_value, is_number, split_scalars, to_python  # noqa: F401 (re-exported)
 

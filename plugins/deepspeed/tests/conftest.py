@@ -1,9 +1,9 @@
 import pytest
 
 from torchbay.axes.cluster import ClusterEnvironment
-from torchbay.plugin.manager import PluginManager
-from torchbay.plugin.resolve import resolve_config
-from torchbay.plugin.selection import build_context
+from torchbay.registry.manager import PluginManager
+from torchbay.registry.resolve import resolve_config
+from torchbay.registry.selection import build_context
 from torchbay.testing.pytest_fixtures import clean_torchbay_env  # noqa: F401 (autouse: a clean torchbay environment per test)
 
 

@@ -223,8 +223,8 @@ def test_fill_auto_uses_hidden_size_batch_and_reports_what_it_cannot_fill():
 
 
 def test_cli_flags_feed_the_deepspeed_section():
-    from torchbay.plugin.manager import PluginManager
-    from torchbay.plugin.resolve import resolve_config
+    from torchbay.registry.manager import PluginManager
+    from torchbay.registry.resolve import resolve_config
 
     pm = PluginManager()
     parser = argparse.ArgumentParser()
@@ -239,8 +239,8 @@ def test_cli_flags_feed_the_deepspeed_section():
 
 
 def test_launch_env_memory_estimate_and_env_report(tmp_path):
-    from torchbay.plugin.manager import PluginManager
-    from torchbay.plugin.resolve import resolve_config
+    from torchbay.registry.manager import PluginManager
+    from torchbay.registry.resolve import resolve_config
 
     pm = PluginManager()
     config = resolve_config(args={"strategy": "deepspeed", "device": "cpu", "deepspeed.zero_stage": 3}, pm=pm,
@@ -256,9 +256,9 @@ def test_importing_the_plugin_does_not_import_deepspeed(tmp_path):
     code = textwrap.dedent("""
         import sys
         import torchbay_deepspeed, torchbay_deepspeed.plugin
-        from torchbay.plugin.resolve import resolve_config
-        from torchbay.plugin.manager import PluginManager
-        from torchbay.plugin.selection import build_context
+        from torchbay.registry.resolve import resolve_config
+        from torchbay.registry.manager import PluginManager
+        from torchbay.registry.selection import build_context
         pm = PluginManager()
         assert "deepspeed" in pm.registries()["strategies"]
         resolved = resolve_config(args={"strategy": "deepspeed", "deepspeed.zero_stage": 3}, pm=pm, environ={})
@@ -532,8 +532,8 @@ def test_state_deepspeed_plugin_of_a_run_configured_in_torchbay(tmp_path):
 def test_a_deepspeed_plugins_config_stands_where_the_json_stands(tmp_path):
     from torchbay_deepspeed.config import PLUGIN_SOURCE, base_config
 
-    from torchbay.plugin.manager import PluginManager
-    from torchbay.plugin.resolve import resolve_config
+    from torchbay.registry.manager import PluginManager
+    from torchbay.registry.resolve import resolve_config
 
     pm = PluginManager()
 

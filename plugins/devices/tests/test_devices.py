@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from torchbay import Accelerator, IncompatibleSetupError
-from torchbay.plugin.manager import PluginManager
-from torchbay.plugin.resolve import resolve_config
+from torchbay.registry.manager import PluginManager
+from torchbay.registry.resolve import resolve_config
 
 ROOT = Path(__file__).resolve().parents[3]
 DEVICES = ("cuda", "xpu", "npu", "mlu", "xla", "mps", "hpu")
@@ -85,7 +85,7 @@ def test_every_plugin_is_a_distribution_with_an_entry_point():
 def test_importing_every_plugin_imports_no_runtime():
     code = ("import sys, importlib\n"
             f"for n in {DEVICES!r}: importlib.import_module(f'torchbay_{{n}}.plugin')\n"
-            "from torchbay.plugin.manager import PluginManager\n"
+            "from torchbay.registry.manager import PluginManager\n"
             "pm = PluginManager(); pm.registries()\n"
             f"print([m for m in {RUNTIMES!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -125,7 +125,7 @@ def test_selecting_it_gives_the_install_or_hardware_hint(name):
 
 
 def test_auto_still_picks_cpu_with_every_plugin_installed(pm):
-    from torchbay.plugin.selection import select_device
+    from torchbay.registry.selection import select_device
 
     problems = []
     assert select_device("auto", pm.registries()["devices"], pm, problems).name == "cpu" and not problems

@@ -25,7 +25,7 @@ import torch
 
 from torchbay import Accelerator
 from torchbay.errors import IncompatibleSetupError
-from torchbay.plugin.manager import PluginManager, hookimpl, reset_plugin_manager
+from torchbay.registry.manager import PluginManager, hookimpl, reset_plugin_manager
 from torchbay.testing.processes import run_torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -60,7 +60,7 @@ def mlp(*dims: int) -> torch.nn.Sequential:
 def test_importing_the_plugins_imports_no_engine():
     code = textwrap.dedent("""
         import sys
-        from torchbay.plugin.manager import PluginManager
+        from torchbay.registry.manager import PluginManager
         import torchbay_fp8_torchao.plugin, torchbay_fp8_te.plugin, torchbay_fp8_msamp.plugin
         pm = PluginManager()
         keys = sorted(k for k in pm.registries()["precisions"] if k.startswith("fp8:"))
@@ -122,7 +122,7 @@ def test_the_fp8_section_and_shared_base_are_their_own_distribution():
 
 def test_fp8_without_an_engine_plugin_names_what_to_install(tmp_path):
     from torchbay.errors import ConfigError
-    from torchbay.plugin.resolve import resolve_config
+    from torchbay.registry.resolve import resolve_config
 
     bare = PluginManager(autoload=False)  # the built-in plugins only: no FP8 engine, no fp8 section
     assert "fp8" not in {c.name for c in bare.registries()["precisions"].values()}

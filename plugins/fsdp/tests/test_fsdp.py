@@ -204,8 +204,8 @@ def test_plugin_imports_and_registers_without_importing_fsdp():
     code = textwrap.dedent("""
         import sys
         import torchbay_fsdp.plugin
-        from torchbay.plugin.manager import PluginManager
-        from torchbay.plugin.resolve import config_model
+        from torchbay.registry.manager import PluginManager
+        from torchbay.registry.resolve import config_model
         pm = PluginManager()
         assert pm.infos["fsdp"].status == "loaded", pm.infos["fsdp"]
         assert "fsdp" in pm.registries()["strategies"]
@@ -231,7 +231,7 @@ def test_distribution_metadata_declares_the_entry_point_and_only_torchbay_and_to
 
 def test_config_section_defaults_sources_and_did_you_mean():
     from torchbay.errors import ConfigError
-    from torchbay.plugin.resolve import resolve_config
+    from torchbay.registry.resolve import resolve_config
 
     resolved = resolve_config(environ={"TORCHBAY_FSDP__RESHARD_AFTER_FORWARD": "false"},
                               args={"strategy": "fsdp", "fsdp.transformer_layer_cls_to_wrap": ["Block"]})
@@ -246,9 +246,9 @@ def test_config_section_defaults_sources_and_did_you_mean():
 
 
 def _context(**args):
-    from torchbay.plugin.manager import get_plugin_manager
-    from torchbay.plugin.resolve import resolve_config
-    from torchbay.plugin.selection import build_context
+    from torchbay.registry.manager import get_plugin_manager
+    from torchbay.registry.resolve import resolve_config
+    from torchbay.registry.selection import build_context
 
     pm = get_plugin_manager()
     return build_context(resolve_config(environ={}, args={"strategy": "fsdp", "device": "cpu", **args}, pm=pm), pm)
@@ -276,8 +276,8 @@ def test_validation_lists_every_bad_combination_with_its_fix():
 def test_cli_flags_feed_the_fsdp_section_only_for_launch_and_test():
     import argparse
 
-    from torchbay.plugin.manager import get_plugin_manager
-    from torchbay.plugin.resolve import resolve_config
+    from torchbay.registry.manager import get_plugin_manager
+    from torchbay.registry.resolve import resolve_config
 
     pm = get_plugin_manager()
     parsers = {}
@@ -303,8 +303,8 @@ def test_merge_weights_is_a_torchbay_subcommand():
 
 
 def test_memory_estimate_divides_parameters_gradients_and_optimizer_by_world():
-    from torchbay.plugin.manager import get_plugin_manager
-    from torchbay.plugin.resolve import resolve_config
+    from torchbay.registry.manager import get_plugin_manager
+    from torchbay.registry.resolve import resolve_config
 
     pm = get_plugin_manager()
     config = resolve_config(environ={}, args={"strategy": "fsdp"}, pm=pm).config
@@ -345,7 +345,7 @@ def test_wrap_policies_choose_blocks_by_class_name_no_split_modules_or_size():
 
 
 def test_env_report_names_the_fsdp_plugin():
-    from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.registry.manager import get_plugin_manager
 
     reports = [r for r in get_plugin_manager().hook.torchbay_report_env() if r and "fsdp" in r]
     assert reports and "FSDP2" in reports[0]["fsdp"] and torch.__version__ in reports[0]["fsdp"]
@@ -357,7 +357,7 @@ def _accelerator_for_fsdp1() -> tuple[str | None, str]:
         return None, ("FSDP1 (fsdp.version: 1) needs an accelerator (cuda, xpu, npu or hpu); torch finds none on "
                       "this machine (cpu only)")
     kind = torch.accelerator.current_accelerator().type
-    from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.registry.manager import get_plugin_manager
 
     devices = get_plugin_manager().registries()["devices"]
     name = next((n for n, cls in devices.items() if cls.torch_type() == kind and cls.is_available()), None)

@@ -238,9 +238,9 @@ class _Cluster:
 
 
 def _context(world: int, **args):
-    from torchbay.plugin.manager import get_plugin_manager
-    from torchbay.plugin.resolve import resolve_config
-    from torchbay.plugin.selection import build_context
+    from torchbay.registry.manager import get_plugin_manager
+    from torchbay.registry.resolve import resolve_config
+    from torchbay.registry.selection import build_context
 
     pm = get_plugin_manager()
     resolved = resolve_config(environ={}, args={"strategy": "fsdp", "device": "cpu", **args}, pm=pm)
@@ -268,7 +268,7 @@ def test_strategies_that_cannot_build_a_dimension_refuse_it_and_name_one_that_ca
     assert "select strategy: fsdp" in problem
     # dp_replicate alone is plain data parallelism: ddp builds it
     assert _context(4, strategy="ddp", **{"parallelism.dp_replicate_size": 4}).strategy_cls.name == "ddp"
-    from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.registry.manager import get_plugin_manager
 
     if "deepspeed" in get_plugin_manager().registries()["strategies"]:
         problems = _problems(4, strategy="deepspeed", **{"parallelism.dp_shard_size": 4})
@@ -342,8 +342,8 @@ def test_yaml_accelerator_argument_and_launch_flags_feed_the_parallelism_section
 
     from torchbay import ParallelismConfig
     from torchbay.accelerator.surface import translate
-    from torchbay.plugin.manager import get_plugin_manager
-    from torchbay.plugin.resolve import resolve_config
+    from torchbay.registry.manager import get_plugin_manager
+    from torchbay.registry.resolve import resolve_config
 
     pm = get_plugin_manager()
     path = tmp_path / "c.yaml"
@@ -372,8 +372,8 @@ def test_accelerator_refuses_a_parallelism_config_that_does_not_fit_one_process(
 
 
 def test_memory_estimate_divides_by_the_parallel_sizes():
-    from torchbay.plugin.manager import get_plugin_manager
-    from torchbay.plugin.resolve import resolve_config
+    from torchbay.registry.manager import get_plugin_manager
+    from torchbay.registry.resolve import resolve_config
 
     pm = get_plugin_manager()
     fsdp = pm.registries()["strategies"]["fsdp"]
@@ -430,7 +430,7 @@ def test_accelerate_config_parallelism_section_imports_into_the_parallelism_sect
 
 
 def _accelerators() -> int:
-    from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.registry.manager import get_plugin_manager
 
     cuda = get_plugin_manager().registries()["devices"].get("cuda")
     return cuda.device_count() if cuda is not None and cuda.unavailable_reason() is None else 0

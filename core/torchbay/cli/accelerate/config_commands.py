@@ -73,7 +73,7 @@ def env_command(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from torchbay.cli.env import collect
-    from torchbay.plugin.manager import get_plugin_manager
+    from torchbay.registry.manager import get_plugin_manager
     from torchbay.switch.finder import served_version
 
     report = collect(get_plugin_manager(), getattr(args, "config_file", None))

@@ -82,8 +82,8 @@ def _worker_env(args: argparse.Namespace, num_processes: int | None) -> dict[str
     torchbay's variables); an Accelerate config file is read as ``torchbay launch`` reads it."""
     from torchbay.compat.accelerate_config_file import remove_imported_config, with_torchbay_config
     from torchbay.launch.plan import prepare
-    from torchbay.plugin.manager import get_plugin_manager
-    from torchbay.plugin.resolve import resolve_config
+    from torchbay.registry.manager import get_plugin_manager
+    from torchbay.registry.resolve import resolve_config
 
     pm = get_plugin_manager()
     environ = {k: v for k, v in os.environ.items() if k != "TORCHBAY_RESOLVED_CONFIG"}
@@ -178,8 +178,8 @@ def _machine_layout() -> dict[str, Any]:
     """``distributed_type``, ``num_processes`` and ``use_cpu`` for this machine's best device, read back through
     the Accelerate tables (the device plugin that maps ``MULTI_<X>`` to its device names it)."""
     from torchbay.compat.config_import import mapping_table
-    from torchbay.plugin.manager import get_plugin_manager
-    from torchbay.plugin.selection import select_device
+    from torchbay.registry.manager import get_plugin_manager
+    from torchbay.registry.selection import select_device
 
     pm = get_plugin_manager()
     device_cls = select_device("auto", pm.registries()["devices"], pm, [])

@@ -163,7 +163,7 @@ def _table_flags(table: dict[str, Any], launch: argparse.ArgumentParser
                  ) -> Iterator[tuple[str, list[str], str, dict[str, Any]]]:
     """The Accelerate flags the tables name, in the order of the module's docstring."""
     from torchbay.compat.config_import import flag_of
-    from torchbay.plugin.published import LAUNCH_SWITCH, published
+    from torchbay.registry.published import LAUNCH_SWITCH, published
 
     def said(text: str) -> str:
         return " ".join(str(text).split()).replace("%", "%%")

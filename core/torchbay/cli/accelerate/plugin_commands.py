@@ -20,7 +20,7 @@ import importlib
 from typing import Any
 
 from torchbay.errors import PluginError
-from torchbay.plugin.published import ACCELERATE_COMMAND, distribution_for, published
+from torchbay.registry.published import ACCELERATE_COMMAND, distribution_for, published
 
 #: what answers the names of a plugin command's Accelerate module while no plugin serves the command: the core's
 #: Accelerate command module (its config-file readers), the rest being placeholders

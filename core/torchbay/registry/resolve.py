@@ -25,8 +25,8 @@ from torchbay.config.model import (
     section_field,
 )
 from torchbay.errors import ConfigError
-from torchbay.plugin.manager import get_plugin_manager
-from torchbay.plugin.published import SECTION, install_hint
+from torchbay.registry.manager import get_plugin_manager
+from torchbay.registry.published import SECTION, install_hint
 
 _models: dict[tuple, type[CoreConfig]] = {}
 

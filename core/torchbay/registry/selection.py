@@ -16,8 +16,8 @@ from torchbay.axes.strategy import Strategy
 from torchbay.compile.compiler import section_problems as compile_problems
 from torchbay.config.model import RESOLVED_ENV, ResolvedConfig
 from torchbay.errors import IncompatibleSetupError, PluginError, TorchbayError
-from torchbay.plugin.published import DEVICE, STRATEGY, install_hint
-from torchbay.plugin.resolve import resolve_config
+from torchbay.registry.published import DEVICE, STRATEGY, install_hint
+from torchbay.registry.resolve import resolve_config
 
 log = logging.getLogger("torchbay")
 

@@ -1,6 +1,6 @@
 """What plugins contribute besides classes: config sections and Accelerate compatibility data.
 
-A mixin of :class:`~torchbay.plugin.manager.PluginManager`. Both are merged from every plugin's
+A mixin of :class:`~torchbay.registry.manager.PluginManager`. Both are merged from every plugin's
 hook result, built-ins first; a plugin whose contribution clashes with the core's or an
 earlier plugin's is disabled (``_fail``) and none of its contribution is used.
 """
@@ -55,7 +55,7 @@ class Contributions:
         """``(plugin name, info, fragment)`` of every working plugin that has one, in registration order: the
         ``accelerate.yaml`` in its package, or what its ``torchbay_accelerate_mapping`` returns when it has that
         hook (a plugin whose file or hook fails is disabled and skipped)."""
-        from torchbay.plugin.fragments import FRAGMENT_FILE, fragment_file_of, read_fragment
+        from torchbay.registry.fragments import FRAGMENT_FILE, fragment_file_of, read_fragment
 
         hook = "torchbay_accelerate_mapping"
         by_hook = {impl.plugin_name: impl for impl in getattr(self.hook, hook).get_hookimpls()}

@@ -1,6 +1,6 @@
 """A plugin's part of the Accelerate compatibility tables: the ``accelerate.yaml`` in its package.
 
-The plugin manager reads it for every plugin that has one (:meth:`~torchbay.plugin.contributions.Contributions.
+The plugin manager reads it for every plugin that has one (:meth:`~torchbay.registry.contributions.Contributions.
 accelerate_mapping`); a plugin implements the hook ``torchbay_accelerate_mapping`` only to compute its fragment.
 """
 

@@ -33,10 +33,10 @@ import pluggy
 from torchbay import hookspecs
 from torchbay.axes.precision import registry_key
 from torchbay.errors import PluginError, TorchbayError
-from torchbay.plugin import api_version
-from torchbay.plugin.contributions import Contributions
-from torchbay.plugin.info import PluginInfo, _describe, _env_list, _own_version
-from torchbay.plugin.lazy_class import loaded
+from torchbay.registry import api_version
+from torchbay.registry.contributions import Contributions
+from torchbay.registry.info import PluginInfo, _describe, _env_list, _own_version
+from torchbay.registry.lazy_class import loaded
 
 ENTRY_POINT_GROUP = "torchbay"
 hookimpl = pluggy.HookimplMarker("torchbay")
