@@ -19,6 +19,7 @@ from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy
 from torchbay_fsdp import parallel
 from torchbay_fsdp.checkpoint import FSDPCheckpoint
 from torchbay_fsdp.tensor_parallel import model_plan, resolve_plan, style_kind
+from torchbay_fsdp.ulysses import SequenceShardedBatches, apply_ulysses
 from torchbay_fsdp.wrap import FSDPWrapping
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,7 +35,7 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
     name = "fsdp"
     handles_accumulation = False
     needs_process_group = True  # the device mesh needs one, even for one process
-    parallel_dims = ("dp_replicate", "dp_shard", "cp", "tp")  # the parallelism section (docs/parallelism.md)
+    parallel_dims = ("dp_replicate", "dp_shard", "cp", "sp", "tp")  # the parallelism section (docs/parallelism.md)
 
     # -- validation (no process group, no fsdp import) --------------------------------
     @classmethod
@@ -138,7 +139,7 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
     def mesh(self):
         """The mesh FSDP shards over: (dp_replicate, dp_shard_cp) for HSDP, else dp_shard_cp."""
         root = self.device_mesh
-        if self.sizes["cp"] == 1:  # dp_shard_cp is dp_shard: slice the root by its own dimensions
+        if self.sizes["cp"] == 1 and self.sizes["sp"] == 1:  # dp_shard_cp is dp_shard: slice the root
             return parallel.sub_mesh(root, [n for n in ("dp_replicate", "dp_shard") if n in root.mesh_dim_names])
         if self.sizes["dp_replicate"] == 1:
             return self._flat["dp_shard_cp"]
@@ -180,6 +181,19 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
         set_rotate_method(self.context.config.parallelism.cp_comm_strategy)
         return context_parallel(self.device_mesh["cp"], buffers=buffers or [], buffer_seq_dims=buffer_seq_dims or [],
                                 no_restore_buffers=no_restore_buffers)
+
+    # -- Ulysses sequence parallel (torchbay_fsdp.ulysses) ----------------------------------------
+    def wrap_batches(self, batches: Any) -> Any:
+        """Under sp, each rank keeps its slice of every batch's sequence."""
+        if self.sizes["sp"] == 1:
+            return batches
+        return SequenceShardedBatches(batches, self.device_mesh.get_local_rank("sp"), self.sizes["sp"])
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.sizes["sp"] > 1 and not self.is_wrapped(model):
+            apply_ulysses(model, self.device_mesh["sp"].get_group(), self.sizes["sp"],
+                          self.context.config.parallelism.sp_attn_implementation)
+        return super().wrap_model(model)
 
     # -- precision ----------------------------------------------------------------------
     def grad_scaler(self, **kwargs):
