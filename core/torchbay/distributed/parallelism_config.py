@@ -132,11 +132,15 @@ class ParallelismConfig:
     cp_handler: Optional[TorchContextParallelConfig] = None
     sp_handler: Any = None
     tp_plan: Optional[dict] = None
+    #: expert parallel (torchbay's field): experts split over ep ranks taken from dp_shard (not a mesh dimension)
+    ep_size: Optional[int] = None
+    #: module-name patterns of the expert modules (unset: the strategy recognises them)
+    ep_plan: Optional[list] = None
     #: the mesh the selected strategy built (set when an Accelerator takes this config)
     device_mesh: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
-        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
+        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "ep_size"):
             value = getattr(self, name)
             value = _from_env(name, 1, int) if value is None else value
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -161,6 +165,9 @@ class ParallelismConfig:
         if self.tp_plan is not None and not isinstance(self.tp_plan, dict):
             problems.append(f"ParallelismConfig(tp_plan={type(self.tp_plan).__name__}): give a mapping of module-name "
                             f"pattern to style, e.g. {{'blocks.*.up': 'colwise', 'blocks.*.down': 'rowwise'}}")
+        if self.ep_size > 1 and self.dp_shard_size % self.ep_size:
+            problems.append(f"ParallelismConfig(ep_size={self.ep_size}) must divide dp_shard_size "
+                            f"{self.dp_shard_size}: experts are split over ep ranks taken from the dp_shard ranks")
         if problems:
             raise ConfigError(problems)
         if self.tp_size > 1 and self.tp_handler is None:
@@ -278,6 +285,10 @@ class ParallelismConfig:
             out[f"{SECTION}.tp_plan"] = dict(self.tp_plan)
         if self.sp_size > 1:
             out[f"{SECTION}.sp_backend"] = self.sp_backend
+        if self.ep_size > 1:
+            out[f"{SECTION}.ep_size"] = self.ep_size
+        if self.ep_plan is not None:
+            out[f"{SECTION}.ep_plan"] = list(self.ep_plan)
         if self.sp_handler is not None and self.sp_size > 1:
             out[f"{SECTION}.sp_attn_implementation"] = self.sp_handler.sp_attn_implementation
             out[f"{SECTION}.sp_seq_length"] = self.sp_handler.sp_seq_length
@@ -289,6 +300,7 @@ class ParallelismConfig:
         return cls(**{f"{n}_size": getattr(section, f"{n}_size", 1) or 1 for n in MESH_ORDER},
                    cp_handler=TorchContextParallelConfig(getattr(section, "cp_comm_strategy", "allgather")),
                    tp_plan=getattr(section, "tp_plan", None) or None, sp_backend="torchbay",
+                   ep_size=getattr(section, "ep_size", 1) or 1, ep_plan=getattr(section, "ep_plan", None) or None,
                    sp_handler=DeepSpeedSequenceParallelConfig(
                        getattr(section, "sp_seq_length", None), getattr(section, "sp_seq_length", None) is None,
                        getattr(section, "sp_attn_implementation", None))

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from torchbay.plugin import MESH_ORDER
+from torchbay_fsdp.experts.checks import check_expert_parallel
 from torchbay_fsdp.tensor_parallel import check_styles
 from torchbay_fsdp.ulysses.checks import check_sequence_parallel
 
@@ -57,6 +58,7 @@ def check(config: Any, world_size: int, device_type: str) -> list[str]:
                         f"the model on every rank (set cpu_ram_efficient_loading: false)")
     problems += check_styles(section.tp_plan, f"{WHERE}.tp_plan")
     problems += check_sequence_parallel(section, sizes)
+    problems += check_expert_parallel(section, sizes)
     return problems
 
 

@@ -58,6 +58,8 @@ _PARALLEL_FLAGS = {
     "--sp-size": ("sp_size", {"type": int}),
     "--sp-attn-implementation": ("sp_attn_implementation", {}),
     "--sp-seq-length": ("sp_seq_length", {"type": int}),
+    "--ep-size": ("ep_size", {"type": int}),
+    "--ep-plan": ("ep_plan", {"metavar": "PATTERN[,PATTERN...]"}),
     "--cp-comm-strategy": ("cp_comm_strategy", {"choices": ["allgather", "alltoall"]}),
     "--tp-plan": ("tp_plan", {"type": _tp_plan, "metavar": "PATTERN=STYLE[,...]"}),
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,6 +19,7 @@ from torchbay.errors import TorchbayError
 from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy
 from torchbay_fsdp import parallel
 from torchbay_fsdp.checkpoint import FSDPCheckpoint
+from torchbay_fsdp.experts import apply_expert_parallel, expert_mesh
 from torchbay_fsdp.tensor_parallel import model_plan, resolve_plan, style_kind
 from torchbay_fsdp.ulysses import SequenceShardedBatches, apply_ulysses
 from torchbay_fsdp.wrap import FSDPWrapping
@@ -76,6 +78,7 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
         self._roots: list[torch.nn.Module] = []
         self._mesh = None
         self._flat: dict[str, Any] = {}
+        self._expert_mesh = None  # (dp_shard_mod_ep, ep) under parallelism.ep_size > 1
         self.sizes = parallel.sizes_of(context.config.parallelism, self.world_size)
         self.tp_plans: list[dict] = []  # per wrapped model: module name -> style applied
         self._accelerate_plugin = None  # accelerator.state.fsdp_plugin, built when first asked
@@ -190,10 +193,37 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
         return SequenceShardedBatches(batches, self.device_mesh.get_local_rank("sp"), self.sizes["sp"])
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        if self.sizes["sp"] > 1 and not self.is_wrapped(model):
+        if self.is_wrapped(model):
+            return model
+        if self.sizes["sp"] > 1:
             apply_ulysses(model, self.device_mesh["sp"].get_group(), self.sizes["sp"],
                           self.context.config.parallelism.sp_attn_implementation)
+        if self.context.config.parallelism.ep_size > 1:
+            self._apply_expert_parallel(model)
         return super().wrap_model(model)
+
+    # -- expert parallel (torchbay_fsdp.experts) ----------------------------------------------------
+    def _apply_expert_parallel(self, model: torch.nn.Module) -> None:
+        """Split the experts over ep and shard each rank's experts over dp_shard / ep (FSDP2 first on them, so
+        that the blocks and the root leave them alone); their gradients are divided by dp_shard like the rest."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        section, ep = self.context.config.parallelism, self.context.config.parallelism.ep_size
+        if self._expert_mesh is None:
+            self._expert_mesh = expert_mesh(self.device_backend.torch_type(), self.sizes["dp_shard"], ep)
+        ep_mesh = self._expert_mesh["ep"]
+        found, pairs = apply_expert_parallel(model, section.ep_plan or None, ep_mesh.get_group(),
+                                             self._expert_mesh.get_local_rank("ep"), ep)
+        param_dtype, reduce_dtype = self._mixed_precision_dtypes()
+        for module in found.values():
+            fully_shard(module, mesh=self._expert_mesh["dp_shard_mod_ep"],
+                        mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+                        reshard_after_forward=self.settings.reshard_after_forward)
+            module.set_gradient_divide_factor(float(self.sizes["dp_shard"]))
+            if self.sizes["dp_shard"] > ep:  # a sum, then a division (gloo has no PREMUL_SUM); on one rank torch
+                module.set_force_sum_reduction_for_comms(True)  # divides once by itself (twice with this set)
+        for module, name, old in pairs:  # the user's optimizer holds the full expert weights: map them to the shards
+            self._param_map[id(old)] = (weakref.ref(old), getattr(module, name))
 
     # -- precision ----------------------------------------------------------------------
     def grad_scaler(self, **kwargs):
