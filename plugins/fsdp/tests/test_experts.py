@@ -40,6 +40,16 @@ def test_losses_and_weights_equal_the_single_process_run(trained):
                                    rtol=0)
         assert got["grad_diff"] <= ATOL, (name, got["grad_report"])  # the first step's gradients, whole
         assert got["weight_diff"] <= ATOL, (name, got["weight_diff"], got["worst_weight"])
+        # accelerator.get_state_dict / save_model: the whole model, experts gathered, in its original names
+        assert got["full_state_dict"]["keys_match"] and got["full_state_dict"]["max_diff"] <= ATOL
+
+
+@pytest.mark.multiprocess
+def test_sharded_checkpoints_of_split_experts_are_refused_with_the_way_out(trained):
+    for got in trained.values():
+        assert got["save_state"].startswith("CheckpointError")
+        assert "save_state with parallelism.ep_size 2" in got["save_state"]
+        assert "accelerator.save_model" in got["save_state"]
 
 
 @pytest.mark.multiprocess

@@ -19,7 +19,7 @@ from torchbay.errors import TorchbayError
 from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy
 from torchbay_fsdp import parallel
 from torchbay_fsdp.checkpoint import FSDPCheckpoint
-from torchbay_fsdp.experts import apply_expert_parallel, expert_mesh
+from torchbay_fsdp.experts import WEIGHTS_ATTRIBUTE, apply_expert_parallel, expert_mesh, gather_experts
 from torchbay_fsdp.tensor_parallel import model_plan, resolve_plan, style_kind
 from torchbay_fsdp.ulysses import SequenceShardedBatches, apply_ulysses
 from torchbay_fsdp.wrap import FSDPWrapping
@@ -203,6 +203,36 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
         return super().wrap_model(model)
 
     # -- expert parallel (torchbay_fsdp.experts) ----------------------------------------------------
+    def model_state_dict(self, model: Any) -> dict[str, torch.Tensor]:
+        """Under ep, every expert gathered over the ep group (save_model writes the full model, original names)."""
+        names = getattr(getattr(model, "module", model), WEIGHTS_ATTRIBUTE, None)
+        if not names:
+            return super().model_state_dict(model)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        state = gather_experts(state, names, self._expert_mesh["ep"].get_group())
+        return {k: v.cpu() for k, v in state.items()} if self.rank == 0 else {}
+
+    def save_checkpoint(self, directory, models, optimizers, io, **kwargs):
+        self._refuse_expert_checkpoint("save_state")
+        return super().save_checkpoint(directory, models, optimizers, io, **kwargs)
+
+    def start_checkpoint(self, directory, models, optimizers, io, **kwargs):
+        self._refuse_expert_checkpoint("save_state(blocking=False)")
+        return super().start_checkpoint(directory, models, optimizers, io, **kwargs)
+
+    def load_checkpoint(self, directory, models, optimizers, io, read=None, **kwargs):
+        self._refuse_expert_checkpoint("load_state")
+        return super().load_checkpoint(directory, models, optimizers, io, read, **kwargs)
+
+    def _refuse_expert_checkpoint(self, what: str) -> None:
+        ep = self.context.config.parallelism.ep_size
+        if ep > 1:  # each ep rank's experts sit under the same names: DCP would keep one rank's
+            raise TorchbayError(f"{what} with parallelism.ep_size {ep}: sharded (DCP) checkpoints of split experts "
+                                f"are not supported yet; save the full model with accelerator.save_model (experts "
+                                f"gathered, original names) and load it into a run at any ep_size")
+
     def _apply_expert_parallel(self, model: torch.nn.Module) -> None:
         """Split the experts over ep and shard each rank's experts over dp_shard / ep (FSDP2 first on them, so
         that the blocks and the root leave them alone); their gradients are divided by dp_shard like the rest."""

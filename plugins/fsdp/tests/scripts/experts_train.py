@@ -166,7 +166,16 @@ def run(kind: str, sizes: dict) -> dict:
     state = full_state(acc, model.state_dict().items())
     local_experts = {n: list(p.to_local().shape) if hasattr(p, "to_local") else list(p.shape)
                      for n, p in model.named_parameters() if p.ndim == 3}
-    return {"losses": losses, "reference_losses": ref_losses,
+    whole = acc.get_state_dict(model)  # rank 0: every expert, original names
+    saved = {"keys_match": sorted(whole) == sorted(ref_state),
+             "max_diff": max((whole[k] - v).abs().max().item() for k, v in ref_state.items())} \
+        if acc.is_main_process else None
+    try:
+        acc.save_state(os.path.join(sys.argv[sys.argv.index("--out") + 1], f"ckpt_{kind}"))
+        refused = None
+    except Exception as error:  # noqa: BLE001 (the message is the result)
+        refused = f"{type(error).__name__}: {error}"
+    return {"losses": losses, "reference_losses": ref_losses, "full_state_dict": saved, "save_state": refused,
             "grad_diff": max((grads[k] - v).abs().max().item() for k, v in ref_grads.items()),
             "grad_report": {k: [(grads[k] - v).abs().max().item(), grads[k].norm().item() / v.norm().item()]
                             for k, v in ref_grads.items() if (grads[k] - v).abs().max().item() > 1e-6},

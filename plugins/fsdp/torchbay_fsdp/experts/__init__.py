@@ -18,10 +18,12 @@ from torch import nn
 
 from torchbay_fsdp.experts.modules import find_experts, kind_of, split_experts, wrap_forward
 
-__all__ = ["apply_expert_parallel", "expert_mesh", "tokens_per_expert"]
+__all__ = ["apply_expert_parallel", "expert_mesh", "gather_experts", "tokens_per_expert"]
 
 #: the attribute of a model holding its expert modules' load counters (name -> ExpertLoad)
 LOAD_ATTRIBUTE = "_torchbay_expert_load"
+#: the attribute of a model holding the names of its split expert weights
+WEIGHTS_ATTRIBUTE = "_torchbay_expert_weights"
 
 
 def expert_mesh(device_type: str, dp_shard: int, ep: int):
@@ -37,14 +39,30 @@ def apply_expert_parallel(model: nn.Module, plan: list[str] | None, group: Any, 
     """Keep this ep rank's experts and route tokens through the ep group; returns the expert modules by name and
     ``(module, parameter name, original parameter)`` of each split weight."""
     found = find_experts(model, plan, ep)
-    pairs, loads = [], {}
+    pairs, loads, names = [], {}, set()
     for name, module in found.items():
         kind = kind_of(module)
         experts = next(p for p in module.parameters(recurse=False) if p.ndim == 3).shape[0]
-        pairs += [(module, pname, old) for pname, (old, _) in split_experts(module, rank, ep).items()]
+        for pname, (old, _) in split_experts(module, rank, ep).items():
+            pairs.append((module, pname, old))
+            names.add(f"{name}.{pname}")
         loads[name] = wrap_forward(module, kind, group, ep, experts)
     setattr(model, LOAD_ATTRIBUTE, loads)
+    setattr(model, WEIGHTS_ATTRIBUTE, names)
     return found, pairs
+
+
+def gather_experts(state: dict[str, torch.Tensor], names: set[str], group: Any) -> dict[str, torch.Tensor]:
+    """``state`` (whole tensors on every rank) with each split expert weight gathered over the ep group, so that
+    it holds every expert again, under its original name (every rank of the group must call it)."""
+    out = dict(state)
+    size = dist.get_world_size(group)
+    for name in sorted(names & set(state)):  # the same order on every rank
+        local = state[name].contiguous()
+        parts = [torch.empty_like(local) for _ in range(size)]
+        dist.all_gather(parts, local, group=group)
+        out[name] = torch.cat(parts)
+    return out
 
 
 def tokens_per_expert(model: nn.Module, reset: bool = True) -> dict[str, int]:
