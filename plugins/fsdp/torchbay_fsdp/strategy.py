@@ -20,6 +20,7 @@ from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy
 from torchbay_fsdp import parallel
 from torchbay_fsdp.checkpoint import FSDPCheckpoint
 from torchbay_fsdp.experts import WEIGHTS_ATTRIBUTE, apply_expert_parallel, expert_mesh, gather_experts
+from torchbay_fsdp.experts.modules import find_experts
 from torchbay_fsdp.tensor_parallel import model_plan, resolve_plan, style_kind
 from torchbay_fsdp.ulysses import SequenceShardedBatches, apply_ulysses
 from torchbay_fsdp.wrap import FSDPWrapping
@@ -100,16 +101,26 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
         note = ""
         if tp > 1 and "tp_split" not in counts:
             note = "no tp plan known: every parameter counted as tp-split, a lower bound"
+        ep = getattr(getattr(config, "parallelism", None), "ep_size", 1) or 1
+        if ep > 1 and counts.get("experts"):
+            note = (f"ep_size {ep}: sharded state as without ep; a forward gathers {counts['experts'] // ep:,} of the "
+                    f"{counts['experts']:,} expert parameters per rank (without ep: all)")
         factor = shard * tp if split == n else shard
         return MemoryEstimate(parameters=per_rank(n, 4), gradients=per_rank(trainable, 4),
                               optimizer=per_rank(trainable, 8), sharding_factor=factor, note=note)
 
     @classmethod
     def memory_counts(cls, config, model: torch.nn.Module) -> dict[str, int]:
-        """``tp_split``: parameters of ``model`` the tensor-parallel plan splits (tp_size > 1)."""
+        """``tp_split``: parameters of ``model`` the tensor-parallel plan splits (tp_size > 1); ``experts``: those of
+        its expert modules (ep_size > 1)."""
+        ep = getattr(config.parallelism, "ep_size", 1) or 1
+        experts = {}
+        if ep > 1:
+            found = find_experts(model, config.parallelism.ep_plan or None, ep)
+            experts = {"experts": sum(p.numel() for m in found.values() for p in m.parameters())}
         tp = config.parallelism.tp_size
         if tp == 1:
-            return {}
+            return experts
         plan, where = config.parallelism.tp_plan, "parallelism.tp_plan"
         if not plan:
             plan, where = model_plan(model), f"{type(model).__name__}.tp_plan"
@@ -123,7 +134,7 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
             for pname, p in modules[name].named_parameters(recurse=False):
                 # colwise splits weight and bias; rowwise the weight (its bias is added after the all-reduce)
                 split += p.numel() if kind == "colwise" or (kind == "rowwise" and pname == "weight") else 0
-        return {"tp_split": split}
+        return {"tp_split": split, **experts}
 
     # -- the N-D mesh -------------------------------------------------------------------------
     def setup_environment(self, timeout_s: float | None = None) -> None:
