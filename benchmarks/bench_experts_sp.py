@@ -32,9 +32,8 @@ SCRIPTS = os.path.join(HERE, "..", "plugins", "fsdp", "tests", "scripts")
 
 
 def _llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     return LlamaForCausalLM(LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
