@@ -207,7 +207,7 @@ class Preparation:
                                      non_blocking=cfg.non_blocking,
                                      use_stateful_dataloader=cfg.use_stateful_dataloader)
         loader.gradient_state, loader._strategy = self.gradient_state, self.strategy
-        loader._batches = self.device_backend.wrap_dataloader(loader.base_dataloader)
+        loader._batches = self.strategy.wrap_batches(self.device_backend.wrap_dataloader(loader.base_dataloader))
         self._dataloaders.append(loader)
         _mark_prepared(loader)
         return loader

@@ -309,6 +309,11 @@ class Strategy(FullStateCheckpoint):
         """Called with each user data loader passed to ``prepare``, before the models and
         optimizers of that call are set up (e.g. to read the batch size); default: nothing."""
 
+    def wrap_batches(self, batches: Any) -> Any:
+        """The iterable of this process's batches a prepared data loader serves (before device placement); a
+        strategy that splits each batch further (the sequence across an ``sp`` group) wraps it; default: as is."""
+        return batches
+
     def setup(self, models: list, optimizers: list, schedulers: list) -> tuple[list, list, list]:
         """Wrap what one ``prepare`` call passed (any of the lists may be empty).
 

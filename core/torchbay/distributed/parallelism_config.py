@@ -7,7 +7,8 @@ each dimension. A strategy declares the dimensions it can build in
 ``Strategy.parallel_dims``; the selected strategy's ``check`` refuses the others.
 
 Dimensions, in mesh order (outermost first): ``dp_replicate`` (replicas, as DDP),
-``dp_shard`` (sharded data parallel), ``cp`` (context parallel: the sequence), ``tp`` (tensor
+``dp_shard`` (sharded data parallel), ``cp`` (context parallel: the sequence), ``sp`` (Ulysses
+sequence parallel: the sequence, all-to-all over heads around attention), ``tp`` (tensor
 parallel: inside layers). Flattened: ``dp`` = dp_replicate x dp_shard (ranks with different
 data), ``dp_shard_cp`` = dp_shard x cp (what the model is sharded over), ``dp_cp`` = dp_replicate x
 dp_shard x cp (what the loss is averaged over).
@@ -22,10 +23,12 @@ from typing import Any, Optional
 from torchbay.errors import ConfigError
 
 #: mesh dimensions in mesh order (outermost first)
-MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "tp")
+MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 #: the config section a strategy plugin that builds N-D parallelism contributes
 SECTION = "parallelism"
 CP_COMM_STRATEGIES = ("allgather", "alltoall")
+#: attention implementations the Ulysses wrapper runs on the gathered sequence (or a hub flash-attention kernel)
+SP_ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
 #: Accelerate's environment variables for the fields left unset (``accelerate launch`` writes them)
 ENV_PREFIX = "PARALLELISM_CONFIG_"
 
@@ -71,6 +74,38 @@ class TorchContextParallelConfig:
 
 
 @dataclass
+class DeepSpeedSequenceParallelConfig:
+    """Accelerate's sequence-parallel handler (its name, for Trainer/TRL): torchbay runs its own Ulysses with it.
+
+    ``sp_seq_length``: the sequence length of every batch (checked divisible by sp_size at config time) when
+    ``sp_seq_length_is_variable`` is false; ``sp_attn_implementation``: the attention run on the gathered
+    sequence (``sdpa``, ``eager``, ``flash_attention_2/3`` or a hub flash-attention kernel; unset: the model's own).
+    """
+
+    sp_seq_length: Optional[int] = None
+    sp_seq_length_is_variable: Optional[bool] = None
+    sp_attn_implementation: Optional[str] = None
+
+    def __post_init__(self):
+        if self.sp_seq_length_is_variable is None:
+            self.sp_seq_length_is_variable = _from_env("sp_seq_length_is_variable", "true").lower() == "true"
+        if self.sp_seq_length is None:
+            raw = _from_env("sp_seq_length", None)
+            self.sp_seq_length = None if raw in (None, "None") else int(raw)
+        if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
+            raise ConfigError("DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=False) needs sp_seq_length "
+                              f"(or {ENV_PREFIX}SP_SEQ_LENGTH): give the length of every batch, or leave "
+                              f"sp_seq_length_is_variable unset")
+        if self.sp_attn_implementation is None:
+            self.sp_attn_implementation = _from_env("sp_attn_implementation", None)
+        impl = self.sp_attn_implementation
+        if impl is not None and impl not in SP_ATTN_IMPLEMENTATIONS and not ("/" in impl and "flash-attn" in impl):
+            raise ConfigError(f"Invalid sp_attn_implementation: {impl!r}; use one of "
+                              f"{', '.join(SP_ATTN_IMPLEMENTATIONS)} or a hub flash-attention kernel "
+                              f"('kernels-community/flash-attn2'), or leave it unset (the model's own)")
+
+
+@dataclass
 class ParallelismConfig:
     """Sizes of the parallel dimensions, with Accelerate 1.15's fields and rules.
 
@@ -97,38 +132,55 @@ class ParallelismConfig:
     cp_handler: Optional[TorchContextParallelConfig] = None
     sp_handler: Any = None
     tp_plan: Optional[dict] = None
+    #: expert parallel (torchbay's field): experts split over ep ranks taken from dp_shard (not a mesh dimension)
+    ep_size: Optional[int] = None
+    #: module-name patterns of the expert modules (unset: the strategy recognises them)
+    ep_plan: Optional[list] = None
     #: the mesh the selected strategy built (set when an Accelerator takes this config)
     device_mesh: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
-        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
+        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "ep_size"):
             value = getattr(self, name)
             value = _from_env(name, 1, int) if value is None else value
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"ParallelismConfig({name}={value!r}): a size is an integer of at least 1")
             setattr(self, name, value)
         self.cp_backend = self.cp_backend or _from_env("cp_backend", "torch")
+        # which names a backend takes is the strategy's (its parallelism section): torchbay's own Ulysses, and the
+        # name Accelerate gives sp_backend, which that strategy maps onto it
+        self.sp_backend = self.sp_backend or _from_env("sp_backend", "torchbay")
         problems = validate_sizes(self.sizes)
         if self.cp_backend != "torch":
             problems.append(f"ParallelismConfig(cp_backend={self.cp_backend!r}): the only context-parallel backend "
                             f"is 'torch' (torch.distributed.tensor.experimental.context_parallel)")
-        if self.sp_size > 1:
-            problems.append(f"ParallelismConfig(sp_size={self.sp_size}): Ulysses sequence parallelism "
-                            f"is not supported by torchbay; use cp_size (context parallel) instead")
-        if self.sp_handler is not None:
-            problems.append("ParallelismConfig(sp_handler=...): sequence parallelism (sp) is not supported; remove it")
+        if not isinstance(self.sp_backend, str):
+            problems.append(f"ParallelismConfig(sp_backend={self.sp_backend!r}): give the backend's name")
+        if self.sp_handler is not None and not isinstance(self.sp_handler, DeepSpeedSequenceParallelConfig):
+            problems.append(f"ParallelismConfig(sp_handler={type(self.sp_handler).__name__}): give a "
+                            f"torchbay.utils.DeepSpeedSequenceParallelConfig (or leave it unset)")
         if self.cp_handler is not None and not isinstance(self.cp_handler, TorchContextParallelConfig):
             problems.append(f"ParallelismConfig(cp_handler={type(self.cp_handler).__name__}): cp_backend 'torch' "
                             f"takes a torchbay.TorchContextParallelConfig")
         if self.tp_plan is not None and not isinstance(self.tp_plan, dict):
             problems.append(f"ParallelismConfig(tp_plan={type(self.tp_plan).__name__}): give a mapping of module-name "
                             f"pattern to style, e.g. {{'blocks.*.up': 'colwise', 'blocks.*.down': 'rowwise'}}")
+        if self.ep_size > 1 and self.dp_shard_size % self.ep_size:
+            problems.append(f"ParallelismConfig(ep_size={self.ep_size}) must divide dp_shard_size "
+                            f"{self.dp_shard_size}: experts are split over ep ranks taken from the dp_shard ranks")
         if problems:
             raise ConfigError(problems)
         if self.tp_size > 1 and self.tp_handler is None:
             self.tp_handler = TorchTensorParallelConfig()
         if self.cp_size > 1 and self.cp_handler is None:
             self.cp_handler = TorchContextParallelConfig()
+        if self.sp_size > 1 and self.sp_handler is None:
+            self.sp_handler = DeepSpeedSequenceParallelConfig()
+        if self.sp_handler is not None and self.sp_handler.sp_seq_length and self.sp_size > 1 \
+                and self.sp_handler.sp_seq_length % self.sp_size:
+            raise ConfigError(f"DeepSpeedSequenceParallelConfig(sp_seq_length={self.sp_handler.sp_seq_length}) is "
+                              f"not divisible by sp_size {self.sp_size}: pad the batches to a multiple of "
+                              f"{self.sp_size} (e.g. the collator's pad_to_multiple_of) and give that length")
 
     # -- sizes -----------------------------------------------------------------------------
     @property
@@ -177,7 +229,7 @@ class ParallelismConfig:
     @property
     def non_dp_dim_names(self) -> list[str]:
         """Enabled dimensions whose ranks get the same batch."""
-        return [n for n in ("tp", "cp") if self.sizes[n] > 1]
+        return [n for n in ("tp", "cp", "sp") if self.sizes[n] > 1]
 
     @property
     def dp_shard_cp_dim_names(self) -> list[str]:
@@ -231,6 +283,15 @@ class ParallelismConfig:
             out[f"{SECTION}.cp_comm_strategy"] = self.cp_handler.cp_comm_strategy
         if self.tp_plan is not None:
             out[f"{SECTION}.tp_plan"] = dict(self.tp_plan)
+        if self.sp_size > 1:
+            out[f"{SECTION}.sp_backend"] = self.sp_backend
+        if self.ep_size > 1:
+            out[f"{SECTION}.ep_size"] = self.ep_size
+        if self.ep_plan is not None:
+            out[f"{SECTION}.ep_plan"] = list(self.ep_plan)
+        if self.sp_handler is not None and self.sp_size > 1:
+            out[f"{SECTION}.sp_attn_implementation"] = self.sp_handler.sp_attn_implementation
+            out[f"{SECTION}.sp_seq_length"] = self.sp_handler.sp_seq_length
         return out
 
     @classmethod
@@ -238,7 +299,12 @@ class ParallelismConfig:
         """The object for a resolved ``parallelism`` section."""
         return cls(**{f"{n}_size": getattr(section, f"{n}_size", 1) or 1 for n in MESH_ORDER},
                    cp_handler=TorchContextParallelConfig(getattr(section, "cp_comm_strategy", "allgather")),
-                   tp_plan=getattr(section, "tp_plan", None) or None)
+                   tp_plan=getattr(section, "tp_plan", None) or None, sp_backend="torchbay",
+                   ep_size=getattr(section, "ep_size", 1) or 1, ep_plan=getattr(section, "ep_plan", None) or None,
+                   sp_handler=DeepSpeedSequenceParallelConfig(
+                       getattr(section, "sp_seq_length", None), getattr(section, "sp_seq_length", None) is None,
+                       getattr(section, "sp_attn_implementation", None))
+                   if (getattr(section, "sp_size", 1) or 1) > 1 else None)
 
     def get_device_mesh(self, device_type: Optional[str] = None):
         """The mesh of this config: the one the selected strategy built (``accelerator.torch_device_mesh``), else
@@ -264,6 +330,9 @@ def validate_sizes(sizes: dict[str, int], world_size: Optional[int] = None, wher
             problems.append(f"{where}.{name}_size is {size!r}; a size is an integer of at least 1")
     if problems:
         return problems
+    if sizes.get("cp", 1) > 1 and sizes.get("sp", 1) > 1:
+        problems.append(f"{where}: cp_size {sizes['cp']} and sp_size {sizes['sp']} both shard the sequence; set one "
+                        f"of them to 1 (docs/parallelism.md: cp or sp)")
     if (sizes.get("tp", 1) > 1 or sizes.get("cp", 1) > 1) and sizes.get("dp_replicate", 1) > 1 \
             and sizes.get("dp_shard", 1) == 1:
         problems.append(f"{where}: tp_size/cp_size > 1 with dp_replicate_size {sizes['dp_replicate']} and "

@@ -61,6 +61,22 @@ class ParallelismSection(Section):
                                               "and read the same batch")
     cp_size: int = Field(1, ge=1, description="context parallel: processes that split the sequence of each batch "
                                               "(SDPA attention; needs an accelerator)")
+    sp_size: int = Field(1, ge=1, description="Ulysses sequence parallel: processes that split the sequence of each "
+                                              "batch and exchange attention heads by all-to-all (any device; "
+                                              "docs/parallelism.md)")
+    sp_backend: Literal["torchbay", "deepspeed"] = Field(
+        "torchbay", description="torchbay: its own Ulysses on the mesh; deepspeed: Accelerate's name, mapped onto the "
+                                "same (no DeepSpeed needed)")
+    sp_attn_implementation: Optional[str] = Field(
+        None, description="attention run on the gathered sequence under sp: sdpa, eager, flash_attention_2/3; "
+                          "unset: the model's own")
+    sp_seq_length: Optional[int] = Field(None, ge=1, description="sp: the length of every batch's sequence, checked "
+                                                                 "divisible by sp_size before training (unset: any)")
+    ep_size: int = Field(1, ge=1, description="expert parallel: ranks each expert module's experts are split over, "
+                                              "taken from the dp_shard ranks (divides dp_shard_size)")
+    ep_plan: list[str] = Field(
+        default_factory=list, description="module-name patterns (* = one name component) of the expert modules; "
+                                          "empty: those torchbay recognises (3-D w1/w2/w3 or gate_up_proj/down_proj)")
     cp_comm_strategy: Literal["allgather", "alltoall"] = Field(
         "allgather", description="how the ranks of a cp group exchange keys and values")
     tp_plan: dict[str, Any] = Field(

@@ -1,10 +1,12 @@
 """The N-D device mesh of ``strategy: fsdp``: sizes from the ``parallelism`` section, checks
 before any process group, and one named ``DeviceMesh`` built on the selected device.
 
-Mesh dimensions, outermost first: ``dp_replicate``, ``dp_shard``, ``cp``, ``tp`` (only those
+Mesh dimensions, outermost first: ``dp_replicate``, ``dp_shard``, ``cp``, ``sp``, ``tp`` (only those
 of size > 1; a one-process run has ``dp_shard`` of size 1). Flattened, as Accelerate builds them:
 ``dp`` (dp_replicate x dp_shard: ranks that read different data), ``dp_shard_cp`` (what
-FSDP shards over), ``dp_cp`` (what the loss is averaged over).
+FSDP shards over), ``dp_cp`` (what the loss is averaged over). The ranks of an ``sp`` group hold the
+same weights and split the sequence, as those of ``cp`` do: ``sp`` joins ``dp_shard_cp`` and ``dp_cp``
+(cp and sp are never both on).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Any
 import torch
 
 from torchbay.plugin import MESH_ORDER
+from torchbay_fsdp.experts.checks import check_expert_parallel
 from torchbay_fsdp.tensor_parallel import check_styles
+from torchbay_fsdp.ulysses.checks import check_sequence_parallel
 
 WHERE = "parallelism"
 
@@ -35,12 +39,12 @@ def check(config: Any, world_size: int, device_type: str) -> list[str]:
     sizes = sizes_of(section, world_size)
     problems: list[str] = []  # that the sizes multiply to the world size: Strategy.check_parallel_dims
     s = config.fsdp
-    if explicit and sizes["dp_shard"] == 1 and sizes["cp"] == 1:
+    if explicit and sizes["dp_shard"] == 1 and sizes["cp"] == 1 and sizes["sp"] == 1:
         problems.append(f"{WHERE}: strategy fsdp shards over dp_shard x cp, but dp_shard_size and cp_size are both 1 "
                         f"({' x '.join(f'{n}_size {v}' for n, v in sizes.items() if v > 1)}); set dp_shard_size > 1"
                         + (" (use strategy: ddp for replicas only)" if sizes["dp_replicate"] > 1 else ""))
-    if s.version == 1 and (sizes["dp_replicate"] > 1 or sizes["tp"] > 1 or sizes["cp"] > 1):
-        problems.append(f"{WHERE}: dp_replicate/tp/cp sizes > 1 need fsdp.version 2 (fully_shard on a DeviceMesh); "
+    if s.version == 1 and (sizes["dp_replicate"] > 1 or sizes["tp"] > 1 or sizes["cp"] > 1 or sizes["sp"] > 1):
+        problems.append(f"{WHERE}: dp_replicate/tp/cp/sp sizes > 1 need fsdp.version 2 (fully_shard on a DeviceMesh); "
                         f"FullyShardedDataParallel (version 1) shards over one process group")
     if sizes["cp"] > 1 and device_type == "cpu":
         problems.append(f"{WHERE}.cp_size {sizes['cp']}: context parallel is unavailable on device 'cpu' (torch "
@@ -53,6 +57,8 @@ def check(config: Any, world_size: int, device_type: str) -> list[str]:
         problems.append(f"fsdp.cpu_ram_efficient_loading with {WHERE}.tp_size {sizes['tp']} is not supported; build "
                         f"the model on every rank (set cpu_ram_efficient_loading: false)")
     problems += check_styles(section.tp_plan, f"{WHERE}.tp_plan")
+    problems += check_sequence_parallel(section, sizes)
+    problems += check_expert_parallel(section, sizes)
     return problems
 
 
@@ -69,8 +75,8 @@ def flattened(sizes: dict[str, int]) -> dict[str, list[str]]:
     """The flattened dimensions and the dimensions each joins (only those with a dimension to join)."""
     enabled = set(mesh_dims(sizes))
     out = {"dp": [n for n in ("dp_replicate", "dp_shard") if n in enabled],
-           "dp_shard_cp": [n for n in ("dp_shard", "cp") if n in enabled],
-           "dp_cp": [n for n in ("dp_replicate", "dp_shard", "cp") if n in enabled]}
+           "dp_shard_cp": [n for n in ("dp_shard", "cp", "sp") if n in enabled],
+           "dp_cp": [n for n in ("dp_replicate", "dp_shard", "cp", "sp") if n in enabled]}
     return {name: dims for name, dims in out.items() if dims}
 
 

@@ -55,6 +55,11 @@ _PARALLEL_FLAGS = {
     "--dp-shard-size": ("dp_shard_size", {"type": int}),
     "--tp-size": ("tp_size", {"type": int}),
     "--cp-size": ("cp_size", {"type": int}),
+    "--sp-size": ("sp_size", {"type": int}),
+    "--sp-attn-implementation": ("sp_attn_implementation", {}),
+    "--sp-seq-length": ("sp_seq_length", {"type": int}),
+    "--ep-size": ("ep_size", {"type": int}),
+    "--ep-plan": ("ep_plan", {"metavar": "PATTERN[,PATTERN...]"}),
     "--cp-comm-strategy": ("cp_comm_strategy", {"choices": ["allgather", "alltoall"]}),
     "--tp-plan": ("tp_plan", {"type": _tp_plan, "metavar": "PATTERN=STYLE[,...]"}),
 }
@@ -96,5 +101,5 @@ def torchbay_add_commands(subparsers):
 def torchbay_report_env():
     return {"fsdp": f"torchbay-fsdp {__version__}: FSDP2 (fully_shard) with torch {torch.__version__}; "
                     f"FSDP1 needs an accelerator; N-D parallelism: dp_replicate (HSDP), dp_shard, tp, cp "
-                    f"(cp needs an accelerator)"}
+                    f"(cp needs an accelerator), sp (Ulysses)"}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,7 +19,10 @@ from torchbay.errors import TorchbayError
 from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy
 from torchbay_fsdp import parallel
 from torchbay_fsdp.checkpoint import FSDPCheckpoint
+from torchbay_fsdp.experts import WEIGHTS_ATTRIBUTE, apply_expert_parallel, expert_mesh, gather_experts
+from torchbay_fsdp.experts.modules import find_experts
 from torchbay_fsdp.tensor_parallel import model_plan, resolve_plan, style_kind
+from torchbay_fsdp.ulysses import SequenceShardedBatches, apply_ulysses
 from torchbay_fsdp.wrap import FSDPWrapping
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,7 +38,7 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
     name = "fsdp"
     handles_accumulation = False
     needs_process_group = True  # the device mesh needs one, even for one process
-    parallel_dims = ("dp_replicate", "dp_shard", "cp", "tp")  # the parallelism section (docs/parallelism.md)
+    parallel_dims = ("dp_replicate", "dp_shard", "cp", "sp", "tp")  # the parallelism section (docs/parallelism.md)
 
     # -- validation (no process group, no fsdp import) --------------------------------
     @classmethod
@@ -75,6 +79,7 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
         self._roots: list[torch.nn.Module] = []
         self._mesh = None
         self._flat: dict[str, Any] = {}
+        self._expert_mesh = None  # (dp_shard_mod_ep, ep) under parallelism.ep_size > 1
         self.sizes = parallel.sizes_of(context.config.parallelism, self.world_size)
         self.tp_plans: list[dict] = []  # per wrapped model: module name -> style applied
         self._accelerate_plugin = None  # accelerator.state.fsdp_plugin, built when first asked
@@ -96,16 +101,26 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
         note = ""
         if tp > 1 and "tp_split" not in counts:
             note = "no tp plan known: every parameter counted as tp-split, a lower bound"
+        ep = getattr(getattr(config, "parallelism", None), "ep_size", 1) or 1
+        if ep > 1 and counts.get("experts"):
+            note = (f"ep_size {ep}: sharded state as without ep; a forward gathers {counts['experts'] // ep:,} of the "
+                    f"{counts['experts']:,} expert parameters per rank (without ep: all)")
         factor = shard * tp if split == n else shard
         return MemoryEstimate(parameters=per_rank(n, 4), gradients=per_rank(trainable, 4),
                               optimizer=per_rank(trainable, 8), sharding_factor=factor, note=note)
 
     @classmethod
     def memory_counts(cls, config, model: torch.nn.Module) -> dict[str, int]:
-        """``tp_split``: parameters of ``model`` the tensor-parallel plan splits (tp_size > 1)."""
+        """``tp_split``: parameters of ``model`` the tensor-parallel plan splits (tp_size > 1); ``experts``: those of
+        its expert modules (ep_size > 1)."""
+        ep = getattr(config.parallelism, "ep_size", 1) or 1
+        experts = {}
+        if ep > 1:
+            found = find_experts(model, config.parallelism.ep_plan or None, ep)
+            experts = {"experts": sum(p.numel() for m in found.values() for p in m.parameters())}
         tp = config.parallelism.tp_size
         if tp == 1:
-            return {}
+            return experts
         plan, where = config.parallelism.tp_plan, "parallelism.tp_plan"
         if not plan:
             plan, where = model_plan(model), f"{type(model).__name__}.tp_plan"
@@ -119,7 +134,7 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
             for pname, p in modules[name].named_parameters(recurse=False):
                 # colwise splits weight and bias; rowwise the weight (its bias is added after the all-reduce)
                 split += p.numel() if kind == "colwise" or (kind == "rowwise" and pname == "weight") else 0
-        return {"tp_split": split}
+        return {"tp_split": split, **experts}
 
     # -- the N-D mesh -------------------------------------------------------------------------
     def setup_environment(self, timeout_s: float | None = None) -> None:
@@ -138,7 +153,7 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
     def mesh(self):
         """The mesh FSDP shards over: (dp_replicate, dp_shard_cp) for HSDP, else dp_shard_cp."""
         root = self.device_mesh
-        if self.sizes["cp"] == 1:  # dp_shard_cp is dp_shard: slice the root by its own dimensions
+        if self.sizes["cp"] == 1 and self.sizes["sp"] == 1:  # dp_shard_cp is dp_shard: slice the root
             return parallel.sub_mesh(root, [n for n in ("dp_replicate", "dp_shard") if n in root.mesh_dim_names])
         if self.sizes["dp_replicate"] == 1:
             return self._flat["dp_shard_cp"]
@@ -180,6 +195,76 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
         set_rotate_method(self.context.config.parallelism.cp_comm_strategy)
         return context_parallel(self.device_mesh["cp"], buffers=buffers or [], buffer_seq_dims=buffer_seq_dims or [],
                                 no_restore_buffers=no_restore_buffers)
+
+    # -- Ulysses sequence parallel (torchbay_fsdp.ulysses) ----------------------------------------
+    def wrap_batches(self, batches: Any) -> Any:
+        """Under sp, each rank keeps its slice of every batch's sequence."""
+        if self.sizes["sp"] == 1:
+            return batches
+        return SequenceShardedBatches(batches, self.device_mesh.get_local_rank("sp"), self.sizes["sp"])
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.is_wrapped(model):
+            return model
+        if self.sizes["sp"] > 1:
+            apply_ulysses(model, self.device_mesh["sp"].get_group(), self.sizes["sp"],
+                          self.context.config.parallelism.sp_attn_implementation)
+        if self.context.config.parallelism.ep_size > 1:
+            self._apply_expert_parallel(model)
+        return super().wrap_model(model)
+
+    # -- expert parallel (torchbay_fsdp.experts) ----------------------------------------------------
+    def model_state_dict(self, model: Any) -> dict[str, torch.Tensor]:
+        """Under ep, every expert gathered over the ep group (save_model writes the full model, original names)."""
+        names = getattr(getattr(model, "module", model), WEIGHTS_ATTRIBUTE, None)
+        if not names:
+            return super().model_state_dict(model)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        state = gather_experts(state, names, self._expert_mesh["ep"].get_group())
+        return {k: v.cpu() for k, v in state.items()} if self.rank == 0 else {}
+
+    def save_checkpoint(self, directory, models, optimizers, io, **kwargs):
+        self._refuse_expert_checkpoint("save_state")
+        return super().save_checkpoint(directory, models, optimizers, io, **kwargs)
+
+    def start_checkpoint(self, directory, models, optimizers, io, **kwargs):
+        self._refuse_expert_checkpoint("save_state(blocking=False)")
+        return super().start_checkpoint(directory, models, optimizers, io, **kwargs)
+
+    def load_checkpoint(self, directory, models, optimizers, io, read=None, **kwargs):
+        self._refuse_expert_checkpoint("load_state")
+        return super().load_checkpoint(directory, models, optimizers, io, read, **kwargs)
+
+    def _refuse_expert_checkpoint(self, what: str) -> None:
+        ep = self.context.config.parallelism.ep_size
+        if ep > 1:  # each ep rank's experts sit under the same names: DCP would keep one rank's
+            raise TorchbayError(f"{what} with parallelism.ep_size {ep}: sharded (DCP) checkpoints of split experts "
+                                f"are not supported yet; save the full model with accelerator.save_model (experts "
+                                f"gathered, original names) and load it into a run at any ep_size")
+
+    def _apply_expert_parallel(self, model: torch.nn.Module) -> None:
+        """Split the experts over ep and shard each rank's experts over dp_shard / ep (FSDP2 first on them, so
+        that the blocks and the root leave them alone); their gradients are divided by dp_shard like the rest."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        section, ep = self.context.config.parallelism, self.context.config.parallelism.ep_size
+        if self._expert_mesh is None:
+            self._expert_mesh = expert_mesh(self.device_backend.torch_type(), self.sizes["dp_shard"], ep)
+        ep_mesh = self._expert_mesh["ep"]
+        found, pairs = apply_expert_parallel(model, section.ep_plan or None, ep_mesh.get_group(),
+                                             self._expert_mesh.get_local_rank("ep"), ep)
+        param_dtype, reduce_dtype = self._mixed_precision_dtypes()
+        for module in found.values():
+            fully_shard(module, mesh=self._expert_mesh["dp_shard_mod_ep"],
+                        mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+                        reshard_after_forward=self.settings.reshard_after_forward)
+            module.set_gradient_divide_factor(float(self.sizes["dp_shard"]))
+            if self.sizes["dp_shard"] > ep:  # a sum, then a division (gloo has no PREMUL_SUM); on one rank torch
+                module.set_force_sum_reduction_for_comms(True)  # divides once by itself (twice with this set)
+        for module, name, old in pairs:  # the user's optimizer holds the full expert weights: map them to the shards
+            self._param_map[id(old)] = (weakref.ref(old), getattr(module, name))
 
     # -- precision ----------------------------------------------------------------------
     def grad_scaler(self, **kwargs):
