@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import logging
+import re
 from typing import Any, ClassVar
 
 import torch
 
 from torchbay.errors import CheckpointError
 from torchbay.plugin import Precision
-from torchbay_fp8.linears import SMALL_LAYER_HARMONIC
+from torchbay_fp8.linears import SMALL_LAYER_HARMONIC, LinearPlan
+
+log = logging.getLogger("torchbay.fp8")
+#: engines whose checkpoint holds weights or optimizer state in their own format: another precision cannot resume it
+NOT_PORTABLE = {"msamp"}
 
 
 def option_problems(engine: str, options: dict[str, Any], allowed: dict[str, Any]) -> list[str]:
@@ -47,6 +53,22 @@ def option_problems(engine: str, options: dict[str, Any], allowed: dict[str, Any
 def is_explicit(context, key: str) -> bool:
     """Whether ``fp8.<key>`` was set by the user (any source but the defaults)."""
     return context.resolved.source_of(f"fp8.{key}") != "default"
+
+
+_KEY = re.compile(r"\bfp8\.([A-Za-z_][A-Za-z0-9_.]*[A-Za-z0-9_])")
+
+
+def name_handler_sources(context, problems: list[str]) -> list[str]:
+    """Each problem about an ``fp8.<key>`` an Accelerate kwargs handler set, with the handler's keyword named."""
+    out = []
+    for problem in problems:
+        sources = []
+        for key in dict.fromkeys(_KEY.findall(problem)):
+            source = context.resolved.source_of(f"fp8.{key}")
+            if source.startswith("kwargs handler") and source not in sources:
+                sources.append(source)
+        out.append(problem + "".join(f" (set by {s})" for s in sources))
+    return out
 
 
 class FP8Precision(Precision):
@@ -121,7 +143,30 @@ class FP8Precision(Precision):
         enabled = handler.enabled if handler is not None else True
         return self.device_backend.autocast(torch.bfloat16, enabled=enabled)
 
+    def log_plan(self, plan: LinearPlan, label: str) -> None:
+        """The layer -> recipe table, once per converted model, on the main process."""
+        if self.is_main_process:
+            high = "bf16" if self.fp8.outer_autocast else "full precision"
+            log.info("%s %s (layer -> recipe):\n%s", label, plan.describe(), plan.table(high))
+
     # -- state ----------------------------------------------------------------------------
+    def saved_here(self, state: dict[str, Any]) -> bool:
+        """Whether ``state`` is this engine's (True), or another precision's, which this run drops with a one-line
+        notice (False); a checkpoint whose engine kept weights in its own format is refused (CheckpointError)."""
+        saved = state.get("engine")
+        if saved == self.engine:
+            return True
+        was = state.get("describe") or (f"fp8 engine {saved!r}" if saved else "a precision without an FP8 engine")
+        if saved in NOT_PORTABLE or state.get("portable") is False:
+            raise CheckpointError(f"precision: the checkpoint was saved with {was}, which keeps weights and optimizer "
+                                  f"state in its own format; this run ({self.describe()}) cannot resume it: resume "
+                                  f"with fp8.backend: {saved}")
+        if self.is_main_process:
+            log.warning("precision: the checkpoint was saved with %s; this run uses %s: the weights load, the saved "
+                        "precision state is dropped and the layers train as this run's policy says", was,
+                        self.describe())
+        return False
+
     def check_saved_engine(self, state: dict[str, Any]) -> None:
         """Refuse precision state that another engine (or precision) saved."""
         if state.get("engine") != self.engine:
