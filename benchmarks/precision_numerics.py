@@ -100,7 +100,9 @@ def quantization_errors(args) -> dict[str, dict[str, tuple[float, float]]]:
     seen: dict[str, list[tuple[torch.nn.Linear, torch.Tensor]]] = {t: [] for t in LAYER_TYPES}
 
     def hook(kind):
-        return lambda module, inputs, output: seen[kind].append((module, inputs[0].detach().reshape(-1, module.in_features)))
+        def keep(module, inputs, output):
+            seen[kind].append((module, inputs[0].detach().reshape(-1, module.in_features)))
+        return keep
 
     for name, module in model.named_modules():
         kind = name.rsplit(".", 1)[-1]
