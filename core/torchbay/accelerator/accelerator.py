@@ -56,14 +56,15 @@ def _explicit_args(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _handler_settings(handlers: Iterable[Any]) -> dict[str, tuple[Any, str]]:
-    """Config settings that kwargs handlers carry (a plugin's handler with ``torchbay_config()``, e.g.
-    Accelerate's ``TERecipeKwargs``): ``{dotted key: (value, source label)}``."""
+def _handler_settings(handlers: Iterable[Any], pm) -> dict[str, tuple[Any, str]]:
+    """Config settings that kwargs handlers carry (a plugin's handler standing for one of Accelerate's nested
+    configs, e.g. ``TERecipeKwargs`` for ``fp8_config``): ``{dotted key: (value, source label)}``."""
     out: dict[str, tuple[Any, str]] = {}
     for handler in handlers:
-        settings = getattr(handler, "torchbay_config", None)
-        if settings is not None:
-            out.update(settings())
+        if getattr(handler, "accelerate_section", None):
+            from torchbay.compat.config_import import handler_settings  # the Accelerate tables: only when asked
+
+            out.update(handler_settings(handler, pm))
     return out
 
 
@@ -127,7 +128,7 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
                 args["process_group_timeout_s"] = ipg.timeout.total_seconds()
 
         self.pm = get_plugin_manager()
-        sourced = _handler_settings(self.handlers.values())
+        sourced = _handler_settings(self.handlers.values(), self.pm)
         resolved = (config if isinstance(config, ResolvedConfig)
                     else resolve_config(file=config_file, args=args, pm=self.pm, sourced=sourced))
         _check_handler_modes(self.handlers.values(), resolved.config.mixed_precision)

@@ -1,14 +1,14 @@
 """Accelerate's FP8 ``kwargs_handlers`` (``AORecipeKwargs``, ``TERecipeKwargs``, ``MSAMPRecipeKwargs`` and the
 deprecated ``FP8RecipeKwargs``), served as settings of the ``fp8`` config section.
 
-Each handler writes the keys it was given as the ``fp8_config`` mapping of an Accelerate config file and
-translates it with the same table ``torchbay config import-accelerate`` and ``launch --fp8_*`` use (the
-``accelerate.yaml`` of torchbay-fp8 and its engine plugins), so a handler and the equivalent YAML give one
-``fp8`` section. Keys left ``None`` are not settings: Accelerate's defaults for them are filled into the
-object (a script may read them) but the config keeps torchbay's. A key no installed engine plugin maps is a
-:class:`~torchbay.errors.ConfigError` naming the handler and the keyword. ``Accelerator`` reads
-:meth:`FP8Handler.torchbay_config` and records each value's source as the handler's keyword, so
-``describe_source`` and every config error say ``kwargs handler TERecipeKwargs(margin=...)``.
+Each handler gives the keys it was given as the ``fp8_config`` mapping of an Accelerate config file
+(``accelerate_section`` and :meth:`FP8Handler.accelerate_keys`); ``Accelerator`` reads them with the same table
+``torchbay config import-accelerate`` and ``launch --fp8_*`` use (the ``accelerate.yaml`` of torchbay-fp8 and its
+engine plugins), so a handler and the equivalent YAML give one ``fp8`` section, and records each value's source
+as the handler's keyword: ``describe_source`` and every config error say ``kwargs handler
+TERecipeKwargs(margin=2)``. A key no installed engine plugin maps is a config error naming the keyword. Keys left
+``None`` are not settings: Accelerate's defaults for them are filled into the object (a script may read them)
+but the config keeps torchbay's.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import warnings
 from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar, Optional
 
-from torchbay.compat.config_import import ImportReport, convert_section, mapping_table
-from torchbay.config.handlers import KwargsHandler
 from torchbay.errors import ConfigError
 
 #: the modes a handler of this module needs (``mixed_precision``)
@@ -29,48 +27,29 @@ AMAX_ALGOS = ("max", "most_recent")
 OPT_LEVELS = ("O1", "O2")
 
 
-class FP8Handler(KwargsHandler):
-    """What every FP8 handler shares: the keys it was given, turned into ``fp8`` settings."""
+class FP8Handler:
+    """What every FP8 handler shares: the keys it was given, as Accelerate's ``fp8_config``."""
 
+    #: Accelerate's nested config the handler stands for
+    accelerate_section: ClassVar[str] = "fp8_config"
     #: ``fp8_config.backend`` in Accelerate's spelling
     backend_value: ClassVar[str] = ""
-    #: its keywords that are not ``fp8_config`` keys of the same name: keyword -> fp8_config key
-    renamed: ClassVar[dict[str, str]] = {}
     needs_mixed_precision: ClassVar[tuple[str, ...]] = FP8_MODES
 
-    def _given_fields(self) -> dict[str, Any]:
+    def accelerate_keys(self) -> dict[str, tuple[Any, Optional[str]]]:
+        """``{fp8_config key: (value, the keyword that set it, or None)}`` for the keywords given."""
+        keys: dict[str, tuple[Any, Optional[str]]] = {"backend": (self.backend_value, None)}
+        for f in fields(self):
+            if f.name in self._given:
+                value = getattr(self, f.name)
+                keys[f.name] = (list(value) if isinstance(value, tuple) else value, f.name)
+        return keys
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The keywords given (Accelerate's ``KwargsHandler.to_kwargs``: the values that are not defaults)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name in self._given}
 
-    def _fp8_config(self) -> dict[str, Any]:
-        """The ``fp8_config`` mapping (Accelerate's config-file spelling) of the keywords given."""
-        body: dict[str, Any] = {"backend": self.backend_value}
-        for key, value in self._given_fields().items():
-            body[self.renamed.get(key, key)] = list(value) if isinstance(value, tuple) else value
-        return body
-
-    def torchbay_config(self) -> dict[str, tuple[Any, str]]:
-        """``{dotted fp8 key: (value, source label)}``; a keyword nothing maps is a ConfigError naming it."""
-        table = mapping_table()
-        spec = table["sections"].get("fp8_config") or {}
-        body = self._fp8_config()
-        report = ImportReport()
-        flat = convert_section("fp8_config", spec, body, report)
-        keyword_of = {self.renamed.get(k, k): k for k in self._given}
-        problems = [f"{self._label(keyword_of.get(name.partition('.')[2], name.partition('.')[2]), value)}: {why}"
-                    for name, value, why in report.not_imported]
-        if problems:
-            raise ConfigError(problems)
-        out = {}
-        origin = {dotted: acc_key.partition(".")[2] for acc_key, _, dotted, _ in report.mapped}
-        for dotted, value in flat.items():
-            keyword = keyword_of.get(origin.get(dotted, "backend"), "backend")
-            given = getattr(self, keyword, self.backend_value)
-            out[dotted] = (value, self._label(keyword, given))
-        return out
-
     def _label(self, keyword: str, value: Any) -> str:
-        if keyword == "backend" and "backend" not in self._given:
-            return f"kwargs handler {type(self).__name__}"
         return f"kwargs handler {type(self).__name__}({keyword}={value!r})"
 
 
@@ -97,15 +76,16 @@ class AORecipeKwargs(FP8Handler):
         if importlib.util.find_spec("torchao") is None:
             raise ImportError("AORecipeKwargs needs torchao: pip install torchbay-fp8-torchao")
 
-    def _fp8_config(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"backend": self.backend_value}
+    def accelerate_keys(self) -> dict[str, tuple[Any, Optional[str]]]:
+        keys: dict[str, tuple[Any, Optional[str]]] = {"backend": (self.backend_value, None)}
         for key in ("pad_inner_dim", "enable_fsdp_float8_all_gather"):
             if key in self._given:
-                body[key] = _flag(getattr(self, key))
-        return body
+                keys[key] = (_flag(getattr(self, key)), key)
+        return keys
 
     def torchbay_config(self) -> dict[str, tuple[Any, str]]:
-        out = super().torchbay_config()
+        """What ``config`` and ``module_filter_func`` say (no ``fp8_config`` key of Accelerate's holds them)."""
+        out: dict[str, tuple[Any, str]] = {}
         if self.config is not None:
             for dotted, value in float8_config_settings(self.config).items():
                 out[dotted] = (value, self._label("config", type(self.config).__name__ + "(...)"))
@@ -228,11 +208,7 @@ class FP8RecipeKwargs(TERecipeKwargs, MSAMPRecipeKwargs):
         if "backend" in given:
             self._given.add("backend")
 
-    @property
-    def backend_value(self) -> str:  # type: ignore[override]
-        return self.backend
-
-    def _fp8_config(self) -> dict[str, Any]:
-        body = super()._fp8_config()
-        body["backend"] = self.backend
-        return body
+    def accelerate_keys(self) -> dict[str, tuple[Any, Optional[str]]]:
+        keys = super().accelerate_keys()
+        keys["backend"] = (self.backend, "backend" if "backend" in self._given else None)
+        return keys

@@ -1,7 +1,8 @@
 """Accelerate's FP8 kwargs handlers on torchbay (issue 40): each gives the ``fp8`` section the equivalent
 Accelerate config file gives, says it set the values (the source of each), and a keyword no installed engine can
 honour is a config error naming it; under ``TORCHBAY_AS_ACCELERATE=1`` Accelerate's own FP8 test script (its
-``tests/test_fp8.py``) converts a model through ``AORecipeKwargs``."""
+``tests/test_fp8.py``) converts a model through ``AORecipeKwargs``. The handlers are torchbay-fp8's (served as
+``torchbay.utils.<name>``); the tests skip without it and torchbay-fp8-torchao."""
 
 from __future__ import annotations
 
@@ -15,21 +16,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchbay_fp8.handlers import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 
 from torchbay import Accelerator
-from torchbay.compat.config_import import convert
+from torchbay.compat.config_import import convert, handler_settings
 from torchbay.errors import ConfigError, IncompatibleSetupError
 from torchbay.launch.plan import describe_source
 from torchbay.plugin.resolve import resolve_config
 
-ROOT = Path(__file__).resolve().parents[3]
+pytest.importorskip("torchbay_fp8", reason="torchbay-fp8 is not installed")
+pytest.importorskip("torchbay_fp8_torchao", reason="torchbay-fp8-torchao is not installed")
+pytest.importorskip("torchao", reason="torchao is not installed")
+from torchbay.utils import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 SDIST_TESTS = ROOT / ".cache" / "accelerate-sdist" / "accelerate-1.15.0" / "tests"
 HF_PYTHON = Path("/work/main/.venv-hf/bin/python")
 
 
 def from_handler(handler):
-    return resolve_config(args={"mixed_precision": "fp8"}, sourced=handler.torchbay_config(), environ={})
+    return resolve_config(args={"mixed_precision": "fp8"}, sourced=handler_settings(handler), environ={})
 
 
 def from_yaml(fp8_config: dict):
@@ -87,7 +92,7 @@ def test_a_torchao_float8_config_is_read_back_into_the_recipe():
     flipped = not Float8LinearConfig().force_recompute_fp8_weight_in_bwd
     odd = Float8LinearConfig(force_recompute_fp8_weight_in_bwd=flipped)
     with pytest.raises(ConfigError, match=r"AORecipeKwargs\(config=...\).*force_recompute_fp8_weight_in_bwd"):
-        AORecipeKwargs(config=odd).torchbay_config()
+        handler_settings(AORecipeKwargs(config=odd))
 
 
 def test_the_source_of_each_value_is_the_handlers_keyword():
