@@ -179,3 +179,16 @@ def test_te_recipes_as_config_choices_map_to_te_classes():
     assert recipe_spec(FP8Config(), lambda key: False, "fp4") == ("NVFP4BlockScaling", {})
     assert recipe_problems(FP8Config(), lambda key: False, "fp4") == []
     assert "set mixed_precision: fp4" in recipe_problems(FP8Config(recipe="nvfp4"))[0]
+
+
+def test_nvfp4_through_te_says_what_it_needs_here():
+    """TE's NVFP4 recipe is ``mixed_precision: fp4`` with ``fp8.backend: te``; without TE (or its Blackwell GPU) the
+    set-up is refused naming what is missing (TE present on a GPU: ``test_fp8_te_recipes`` builds the recipe)."""
+    import importlib.util
+
+    with pytest.raises(IncompatibleSetupError) as err:
+        Accelerator(mixed_precision="fp4", config={"fp8": {"backend": "te"}})
+    if importlib.util.find_spec("transformer_engine") is None:
+        assert "fp4 backend 'te' cannot run here: its engine 'transformer_engine' is not installed" in str(err.value)
+    else:
+        assert "fp4 backend 'te' cannot run here" in str(err.value) or "NVFP4" in str(err.value)
