@@ -192,3 +192,32 @@ def test_nvfp4_through_te_says_what_it_needs_here():
         assert "fp4 backend 'te' cannot run here: its engine 'transformer_engine' is not installed" in str(err.value)
     else:
         assert "fp4 backend 'te' cannot run here" in str(err.value) or "NVFP4" in str(err.value)
+
+
+def test_emulation_is_torchaos_and_auto_passes_on_to_it():
+    """``fp8.emulate`` asked of an engine that cannot emulate makes it unavailable (``auto`` passes on to torchao);
+    Transformer Engine stands in here with its library taken as installed."""
+    from torchbay_fp8_te.precision import TransformerEngineFP8Precision
+
+    class InstalledTE(TransformerEngineFP8Precision):
+        engine_module = None
+
+    config = Accelerator(mixed_precision="fp8", config={"fp8": {"emulate": True}}).config
+    assert "fp8.emulate: true asks for emulated numerics, which engine 'te' does not compute" in (
+        InstalledTE.unavailable_reason(_cuda_device(), config))
+    assert InstalledTE.unavailable_reason(_cuda_device(), Accelerator().config) is None
+
+
+def _cuda_device():
+    class Cuda:
+        name = "cuda"
+
+        @staticmethod
+        def torch_type():
+            return "cuda"
+
+        @staticmethod
+        def compute_capability():
+            return (9, 0)
+
+    return Cuda

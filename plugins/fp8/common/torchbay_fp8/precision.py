@@ -79,7 +79,20 @@ class FP8Precision(Precision):
     #: ``fp8.engine_options`` this engine takes: key -> type, tuple of types, or set of values
     accepted_options: ClassVar[dict[str, Any]] = {"small_layer_threshold": (int, float)}
 
+    #: whether this engine can compute a recipe's numerics in high precision (``fp8.emulate``)
+    can_emulate: ClassVar[bool] = False
+
     # -- validation ---------------------------------------------------------------------
+    @classmethod
+    def unavailable_reason(cls, device_backend_cls, config=None) -> str | None:
+        """The engine's own reasons, and ``fp8.emulate`` asked of an engine that cannot emulate (so that
+        ``fp8.backend: auto`` passes on to one that can)."""
+        reason = super().unavailable_reason(device_backend_cls, config)
+        if reason is None and config is not None and config.fp8.emulate and not cls.can_emulate:
+            return (f"fp8.emulate: true asks for emulated numerics, which engine '{cls.engine}' does not compute; "
+                    "use fp8.backend: torchao, or drop fp8.emulate")
+        return reason
+
     @classmethod
     def check(cls, context) -> list[str]:
         """The engine options, and bf16 autocast on the device when ``fp8.outer_autocast``.

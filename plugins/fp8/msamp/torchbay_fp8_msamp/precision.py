@@ -67,7 +67,7 @@ class MSAMPFP8Precision(FP8Precision):
             return reason
         if device_backend_cls.torch_type() != "cuda" or getattr(torch.version, "hip", None):
             return (f"MS-AMP runs on NVIDIA GPUs only, not on device '{device_backend_cls.name}'; use "
-                    f"fp8.backend: torchao (with fp8.engine_options.emulate: true off-GPU) or mixed_precision: bf16")
+                    f"fp8.backend: torchao (with fp8.emulate: true off-GPU) or mixed_precision: bf16")
         return None
 
     @classmethod

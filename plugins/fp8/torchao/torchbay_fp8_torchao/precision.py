@@ -82,6 +82,7 @@ class TorchaoFP8Precision(FP8Precision):
     engine_module = "torchao"
     install_hint = "pip install torchbay-fp8-torchao (it requires torchao)"
     accepted_options = OPTIONS
+    can_emulate = True
 
     # -- validation ---------------------------------------------------------------------
     @classmethod
