@@ -221,3 +221,27 @@ def _cuda_device():
             return (9, 0)
 
     return Cuda
+
+
+@pytest.mark.multiprocess
+def test_mxfp8_trains_and_resumes_exactly_under_ddp_and_fsdp2(tmp_path):
+    """plugins/fp8/tests/scripts/fp8_train.py with ``--recipe mxfp8`` on 2 gloo processes: the MX Linears train under
+    DDP and FSDP2 (FSDP2 gathers their weights before the forward) and resume bit for bit."""
+    import importlib.util
+    import json
+    import os
+
+    from torchbay.testing.processes import run_torchrun
+
+    strategies = "ddp,fsdp" if importlib.util.find_spec("torchbay_fsdp") else "ddp"
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "fp8_train.py")
+    run_torchrun(script, 2, ["--strategies", strategies, "--batch-size", "8", "--recipe", "mxfp8", "--steps", "40",
+                             "--save-at", "20", "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "run")],
+                 timeout=400).check()
+    for strategy in strategies.split(","):
+        ranks = [json.load(open(tmp_path / f"run.{strategy}.rank{r}.json")) for r in range(2)]
+        for r in ranks:
+            assert r["fp8"]["converted"] == [["2", "4"]]
+            assert r["resume"]["losses"] == r["fp8"]["losses"][20:] and r["resume"]["digest"] == r["fp8"]["digest"]
+            assert abs(r["fp8"]["final"] - r["bf16"]["final"]) <= 0.25 * r["bf16"]["final"]
+        assert ranks[0]["fp8"]["losses"] == ranks[1]["fp8"]["losses"]
