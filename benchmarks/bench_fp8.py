@@ -15,6 +15,9 @@ on CPU it adds an fp32 row, since CPU bf16 matmuls are often slower than fp32 on
 
     python benchmarks/bench_fp8.py                      # GPU: 1024..8192; CPU: tiny, emulated
     python benchmarks/bench_fp8.py --hidden 1024,2048 --layers 2 --tokens 4096 --steps 20
+    python benchmarks/bench_fp8.py --numerics           # per recipe (tensorwise, rowwise, mxfp8, mxfp4): loss
+                                                        # gap to bf16 and quantization error per layer type
+                                                        # (emulated, CPU; benchmarks/precision_numerics.py)
 """
 
 from __future__ import annotations
@@ -143,7 +146,21 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile every mode (default: on a GPU, off on a CPU)")
+    p.add_argument("--numerics", action="store_true",
+                   help="print the numerics table instead (emulated, CPU): see benchmarks/precision_numerics.py")
+    p.add_argument("--vocab", type=int, default=256, help="--numerics: vocabulary")
+    p.add_argument("--blocks", type=int, default=4, help="--numerics: transformer blocks")
+    p.add_argument("--batch", type=int, default=8, help="--numerics: sequences per step")
     args = p.parse_args(argv)
+    if args.numerics:
+        from precision_numerics import numerics_table
+
+        args.hidden = int(args.hidden or 128)
+        args.seq = 64 if args.seq == 512 else args.seq
+        args.steps = args.steps or 20
+        args.lr = 1e-3 if args.lr == 1e-4 else args.lr
+        print(numerics_table(args))
+        return 0
 
     probe = Accelerator(device=args.device) if args.device else Accelerator()
     device = probe.device_backend.name

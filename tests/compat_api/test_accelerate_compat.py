@@ -168,7 +168,7 @@ def test_availability_is_answered_by_the_plugins():
 
 def test_unsupported_names_say_what_to_use():
     with pytest.raises(UnsupportedAPIError, match="fp8"):
-        torchbay.utils.FP8RecipeKwargs
+        torchbay.utils.apply_fp8_autowrap
     with pytest.raises(AttributeError):
         torchbay.utils.no_such_name_anywhere
 

@@ -11,9 +11,12 @@ and the user picks one with ``<mode>.backend`` (``auto``: the available engine o
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+
+from torchbay.errors import CheckpointError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchbay.axes.context import RunContext
@@ -106,7 +109,17 @@ class Precision:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        """Nothing to restore; state an engine saved (another precision's) is dropped with a one-line notice."""
+        if state and state.get("portable") is False:
+            was = state.get("describe") or state["engine"]
+            raise CheckpointError(f"precision: the checkpoint was saved with {was}, which keeps weights and optimizer "
+                                  f"state in its own format; this run ({self.describe()}) cannot resume it: resume "
+                                  f"with the precision it was saved with")
+        if state and state.get("engine"):
+            logging.getLogger("torchbay").warning(
+                "precision: the checkpoint was saved with %s; this run uses %s: the weights load, the engine's "
+                "state (%s) is dropped", state.get("describe") or f"engine {state['engine']!r}", self.describe(),
+                ", ".join(sorted(k for k in state if k not in ("engine", "describe"))) or "none")
 
     def rank_state_dict(self) -> dict[str, Any] | None:
         """State that differs between ranks (e.g. FP8 scaling history), saved by every rank; ``None``: none."""
@@ -123,7 +136,10 @@ class Precision:
 
 #: modes no built-in serves -> the distribution(s) that register them, for the error when
 #: none is installed (data only: the core imports none of them)
-MODE_DISTRIBUTIONS = {"fp8": "an FP8 engine plugin: pip install torchbay-fp8-<engine> (engines: docs/fp8.md)"}
+MODE_DISTRIBUTIONS = {"fp8": "an FP8 engine plugin: pip install torchbay-fp8-<engine> (engines: docs/precision.md)",
+                      "fp4": "an FP4 engine plugin: pip install torchbay-fp8-<engine> (docs/precision.md)"}
+#: modes configured by another mode's section: ``mixed_precision: fp4`` reads the ``fp8`` section
+SHARED_SECTIONS = {"fp4": "fp8"}
 
 
 def registry_key(cls: type) -> str:
@@ -142,7 +158,7 @@ def by_mode(registry: dict[str, type]) -> dict[str, dict[str | None, type]]:
 
 def engine_setting(config: Any, mode: str) -> str:
     """The ``<mode>.backend`` value (``auto`` when the mode's section or key is absent)."""
-    return getattr(getattr(config, mode, None), "backend", "auto")
+    return getattr(getattr(config, SHARED_SECTIONS.get(mode, mode), None), "backend", "auto")
 
 
 def mode_install_hint(mode: str) -> str:

@@ -84,6 +84,9 @@ class AccelerateLaunchFlags:
     def _accelerate_flag(self, key: str, eq: str, value: str, nxt: str | None) -> tuple[list[str], int] | None:
         """The torchbay tokens for Accelerate's ``--key`` and how many following tokens it used."""
         dashed = "--" + key.replace("_", "-")
+        found = self._section_of(key) if "_" in key and dashed in self.options else None
+        if found is not None and self._translates(*found):
+            return self._section_flag(key, *found, eq, value, nxt)  # Accelerate's values (--fp8_backend ao)
         if "_" in key and dashed in self.options:
             taken = 0 if eq else _values_taken(self.options[dashed], nxt)
             self.origins[self.options[dashed].dest] = f"--{key}"
@@ -113,6 +116,12 @@ class AccelerateLaunchFlags:
                               f"{' '.join(str(reason).split())} (see torchbay launch --help)",
                               header="bad command line")
         return None
+
+    def _translates(self, section: str, key: str) -> bool:
+        """Whether the table reads Accelerate's values of ``key`` its own way (a value table, or settings it implies),
+        so that the flag must go through it even where torchbay has a flag of the same name."""
+        spec = self.table["sections"][section]
+        return "values" in (spec.get("keys") or {}).get(key, {}) or key in (spec.get("implies") or {})
 
     def _section_of(self, flag: str) -> tuple[str, str] | None:
         """``(nested config, its key)`` that ``--flag`` names (the key, or Accelerate's flag for it: ``fp8_margin``

@@ -247,6 +247,34 @@ def convert_section(acc_section: str, spec: dict, body: dict, report: ImportRepo
     return flat
 
 
+def handler_settings(handler: Any, pm=None) -> dict[str, tuple[Any, str]]:
+    """What an Accelerate kwargs handler of a plugin says, as ``{dotted key: (value, source label)}``.
+
+    The handler names Accelerate's nested config it stands for (``accelerate_section``, e.g. ``fp8_config``) and
+    gives its keys as ``accelerate_keys()`` (``{key: (value, keyword or None)}``); they are read with the same
+    table as those keys of a config file, so a handler and the equivalent YAML set the same settings. Each
+    value's label names the handler and its keyword; a key nothing maps is a ConfigError naming the keyword.
+    ``torchbay_config()``, when the handler has one, adds settings of its own (already labelled).
+    """
+    name = type(handler).__name__
+    keys = handler.accelerate_keys()
+    spec = mapping_table(pm)["sections"].get(handler.accelerate_section) or {}
+
+    def label(key: str) -> str:
+        value, keyword = keys.get(key, (None, None))
+        return f"kwargs handler {name}({keyword}={value!r})" if keyword else f"kwargs handler {name}"
+
+    report = ImportReport()
+    flat = convert_section(handler.accelerate_section, spec, {k: v for k, (v, _) in keys.items()}, report)
+    problems = [f"{label(acc.partition('.')[2])}: {why}" for acc, _, why in report.not_imported]
+    if problems:
+        raise ConfigError(problems)
+    origin = {dotted: acc.partition(".")[2] for acc, _, dotted, _ in report.mapped}
+    out = {dotted: (value, label(origin.get(dotted, ""))) for dotted, value in flat.items()}
+    out.update(handler.torchbay_config() if hasattr(handler, "torchbay_config") else {})
+    return out
+
+
 def _check(tree: dict, table: dict, report: ImportReport, pm, config_model) -> None:
     """Validate against the installed sections; name what cannot be checked here."""
     from pydantic import ValidationError

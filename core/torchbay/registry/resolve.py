@@ -48,12 +48,14 @@ def config_model(pm=None) -> type[CoreConfig]:
 
 def resolve_config(*, file: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None,
                    cli: Mapping[str, Any] | None = None, args: Mapping[str, Any] | None = None,
-                   pm=None, use_launcher_config: bool = True) -> ResolvedConfig:
+                   pm=None, use_launcher_config: bool = True,
+                   sourced: Mapping[str, tuple[Any, str]] | None = None) -> ResolvedConfig:
     """Build and validate the tree from every source; raise :class:`ConfigError` listing all problems.
 
     ``cli`` and ``args`` may use dotted keys (``{"mysection.some_key": 2}``) or nested dicts.
     In a worker started by ``torchbay launch``, the launcher's resolved tree is the base
-    and only ``args`` are layered on top.
+    and only ``args`` are layered on top. ``sourced`` (``{dotted key: (value, source label)}``, e.g. what
+    Accelerate's kwargs handlers say) is layered just below ``args``, each value recorded with its own label.
     """
     environ = os.environ if environ is None else environ
     if pm is None:
@@ -75,6 +77,8 @@ def resolve_config(*, file: str | os.PathLike | None = None, environ: Mapping[st
                   ("cli", dotted_to_tree(cli or {}))]
         for source, layer in layers:
             merge(tree, layer, source, sources)
+    for dotted, (value, label) in (sourced or {}).items():
+        merge(tree, dotted_to_tree({dotted: value}), label, sources)
     merge(tree, dotted_to_tree(args or {}), "args", sources)
     problems = mode_problems(tree.get("mixed_precision", "no"), pm, sources)
     if not tree and not problems:

@@ -11,7 +11,7 @@ from typing import Any
 
 from torchbay.axes.cluster import detect_cluster_environment
 from torchbay.axes.context import RunContext
-from torchbay.axes.precision import Precision, by_mode, engine_setting, mode_install_hint
+from torchbay.axes.precision import SHARED_SECTIONS, Precision, by_mode, engine_setting, mode_install_hint
 from torchbay.axes.strategy import Strategy
 from torchbay.compile.compiler import section_problems as compile_problems
 from torchbay.config.model import RESOLVED_ENV, ResolvedConfig
@@ -102,7 +102,8 @@ def select_precision(config, registry: dict[str, Any], device_cls, pm, problems:
     mode = config.mixed_precision
     for other, engines in modes.items():  # an engine named for a mode not in use is still a typo
         choice = engine_setting(config, other)
-        if other != mode and _has_engines(engines) and choice != "auto" and choice not in engines:
+        if (other != mode and other not in SHARED_SECTIONS and _has_engines(engines) and choice != "auto"
+                and choice not in engines):
             problems.append(f"{other}.backend '{choice}' is not an installed {other.upper()} engine (installed "
                             f"engines: {_names(engines)}); set {other}.backend to one of them or auto "
                             f"({_engine_hint(other, choice, engines)})")
@@ -154,11 +155,19 @@ def _select_engine(mode: str, engines: dict, choice: str, config, device_cls, pm
     return None
 
 
+def _name_handler_source(resolved, problems: list[str], start: int) -> None:
+    """An engine choice a kwargs handler made (``TERecipeKwargs`` sets ``fp8.backend``): its problems say so."""
+    mode = resolved.config.mixed_precision
+    source = resolved.source_of(f"{SHARED_SECTIONS.get(mode, mode)}.backend")
+    if source.startswith("kwargs handler"):
+        problems[start:] = [f"{p} (set by {source})" for p in problems[start:]]
+
+
 def _unused_section_warning(resolved, modes: dict) -> None:
     """Settings in a mode's section (``<mode>.*``) while another mode runs have no effect: say so."""
     config = resolved.config
     for mode in modes:
-        if mode == config.mixed_precision:
+        if mode == config.mixed_precision or SHARED_SECTIONS.get(config.mixed_precision) == mode:
             continue
         set_here = sorted(k for k, src in resolved.sources.items() if k.startswith(f"{mode}.") and src != "default")
         if set_here:
@@ -183,7 +192,9 @@ def build_context(resolved: ResolvedConfig, pm, cluster=None) -> RunContext:
     cluster = cluster or detect_cluster_environment(registries["cluster_environments"])
     chosen = [select_device(config.device, registries["devices"], pm, problems),
               select_strategy(config.strategy, registries["strategies"], cluster.world_size(), pm, problems)]
+    before = len(problems)
     chosen.append(select_precision(config, registries["precisions"], chosen[0], pm, problems))
+    _name_handler_source(resolved, problems, before)
     if config.checkpoint.io not in registries["checkpoint_io"]:
         problems.append(_missing("checkpoint io", config.checkpoint.io, registries["checkpoint_io"], pm))
     chosen.append(registries["checkpoint_io"].get(config.checkpoint.io))

@@ -24,6 +24,8 @@ from torchbay.plugin import Section
 AUTO = "auto"
 FP8_REFUSAL = ("mixed_precision fp8 does not run under strategy deepspeed; use bf16 or fp16 "
                "(or strategy: fsdp/ddp with an fp8 engine)")
+#: the modes an FP8 engine plugin serves (fp4 too), refused here alike
+FP8_MODES = ("fp8", "fp4")
 
 #: section key -> path in the DeepSpeed JSON
 SECTION_PATHS: dict[str, tuple[str, ...]] = {
@@ -216,8 +218,8 @@ def base_config(resolved, world_size: int, plugin_config: Optional[dict] = None,
     else:
         put(("gradient_accumulation_steps",), ga, source("gradient_accumulation_steps"))
     mp = config.mixed_precision
-    if mp == "fp8":
-        problems.append(FP8_REFUSAL)
+    if mp in FP8_MODES:
+        problems.append(FP8_REFUSAL.replace("fp8", mp, 1))
     for name in ("bf16", "fp16"):
         want = mp == name
         path = (name, "enabled")

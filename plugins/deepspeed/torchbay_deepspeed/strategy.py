@@ -59,8 +59,8 @@ class DeepSpeedStrategy(DeepSpeedStep, DeepSpeedCheckpoint, Strategy):
     @classmethod
     def estimate_memory(cls, config, world_size: int, counts: dict[str, int]) -> MemoryEstimate:
         """Weights, gradients and optimizer state per process for the configured ZeRO stage and offload."""
-        if config.mixed_precision == "fp8":
-            raise IncompatibleSetupError([dsconfig.FP8_REFUSAL])
+        if config.mixed_precision in dsconfig.FP8_MODES:
+            raise IncompatibleSetupError([dsconfig.FP8_REFUSAL.replace("fp8", config.mixed_precision, 1)])
         section = config.deepspeed
         stage = section.zero_stage if section.zero_stage is not None else 2
         world = max(world_size, 1)

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import logging
+import re
 from typing import Any, ClassVar
 
 import torch
 
 from torchbay.errors import CheckpointError
 from torchbay.plugin import Precision
-from torchbay_fp8.linears import SMALL_LAYER_HARMONIC
+from torchbay_fp8.linears import SMALL_LAYER_HARMONIC, LinearPlan
+
+log = logging.getLogger("torchbay.fp8")
+#: engines whose checkpoint holds weights or optimizer state in their own format: another precision cannot resume it
+NOT_PORTABLE = {"msamp"}
 
 
 def option_problems(engine: str, options: dict[str, Any], allowed: dict[str, Any]) -> list[str]:
@@ -49,6 +55,22 @@ def is_explicit(context, key: str) -> bool:
     return context.resolved.source_of(f"fp8.{key}") != "default"
 
 
+_KEY = re.compile(r"\bfp8\.([A-Za-z_][A-Za-z0-9_.]*[A-Za-z0-9_])")
+
+
+def name_handler_sources(context, problems: list[str]) -> list[str]:
+    """Each problem about an ``fp8.<key>`` an Accelerate kwargs handler set, with the handler's keyword named."""
+    out = []
+    for problem in problems:
+        sources = []
+        for key in dict.fromkeys(_KEY.findall(problem)):
+            source = context.resolved.source_of(f"fp8.{key}")
+            if source.startswith("kwargs handler") and source not in sources:
+                sources.append(source)
+        out.append(problem + "".join(f" (set by {s})" for s in sources))
+    return out
+
+
 class FP8Precision(Precision):
     """FP8 through an engine: reads the ``fp8`` section; with ``fp8.outer_autocast`` the forward
     also runs in bf16 autocast (what the engine keeps out of FP8 computes in bf16)."""
@@ -57,7 +79,20 @@ class FP8Precision(Precision):
     #: ``fp8.engine_options`` this engine takes: key -> type, tuple of types, or set of values
     accepted_options: ClassVar[dict[str, Any]] = {"small_layer_threshold": (int, float)}
 
+    #: whether this engine can compute a recipe's numerics in high precision (``fp8.emulate``)
+    can_emulate: ClassVar[bool] = False
+
     # -- validation ---------------------------------------------------------------------
+    @classmethod
+    def unavailable_reason(cls, device_backend_cls, config=None) -> str | None:
+        """The engine's own reasons, and ``fp8.emulate`` asked of an engine that cannot emulate (so that
+        ``fp8.backend: auto`` passes on to one that can)."""
+        reason = super().unavailable_reason(device_backend_cls, config)
+        if reason is None and config is not None and config.fp8.emulate and not cls.can_emulate:
+            return (f"fp8.emulate: true asks for emulated numerics, which engine '{cls.engine}' does not compute; "
+                    "use fp8.backend: torchao, or drop fp8.emulate")
+        return reason
+
     @classmethod
     def check(cls, context) -> list[str]:
         """The engine options, and bf16 autocast on the device when ``fp8.outer_autocast``.
@@ -121,7 +156,30 @@ class FP8Precision(Precision):
         enabled = handler.enabled if handler is not None else True
         return self.device_backend.autocast(torch.bfloat16, enabled=enabled)
 
+    def log_plan(self, plan: LinearPlan, label: str) -> None:
+        """The layer -> recipe table, once per converted model, on the main process."""
+        if self.is_main_process:
+            high = "bf16" if self.fp8.outer_autocast else "full precision"
+            log.info("%s %s (layer -> recipe):\n%s", label, plan.describe(), plan.table(high))
+
     # -- state ----------------------------------------------------------------------------
+    def saved_here(self, state: dict[str, Any]) -> bool:
+        """Whether ``state`` is this engine's (True), or another precision's, which this run drops with a one-line
+        notice (False); a checkpoint whose engine kept weights in its own format is refused (CheckpointError)."""
+        saved = state.get("engine")
+        if saved == self.engine:
+            return True
+        was = state.get("describe") or (f"fp8 engine {saved!r}" if saved else "a precision without an FP8 engine")
+        if saved in NOT_PORTABLE or state.get("portable") is False:
+            raise CheckpointError(f"precision: the checkpoint was saved with {was}, which keeps weights and optimizer "
+                                  f"state in its own format; this run ({self.describe()}) cannot resume it: resume "
+                                  f"with fp8.backend: {saved}")
+        if self.is_main_process:
+            log.warning("precision: the checkpoint was saved with %s; this run uses %s: the weights load, the saved "
+                        "precision state is dropped and the layers train as this run's policy says", was,
+                        self.describe())
+        return False
+
     def check_saved_engine(self, state: dict[str, Any]) -> None:
         """Refuse precision state that another engine (or precision) saved."""
         if state.get("engine") != self.engine:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 from torchbay_fp8 import FP8Precision, warn_small_layers
-from torchbay_fp8.precision import is_explicit
+from torchbay_fp8.precision import is_explicit, name_handler_sources
 
 from torchbay.errors import CheckpointError, TorchbayError
 
@@ -67,7 +67,7 @@ class MSAMPFP8Precision(FP8Precision):
             return reason
         if device_backend_cls.torch_type() != "cuda" or getattr(torch.version, "hip", None):
             return (f"MS-AMP runs on NVIDIA GPUs only, not on device '{device_backend_cls.name}'; use "
-                    f"fp8.backend: torchao (with fp8.engine_options.emulate: true off-GPU) or mixed_precision: bf16")
+                    f"fp8.backend: torchao (with fp8.emulate: true off-GPU) or mixed_precision: bf16")
         return None
 
     @classmethod
@@ -87,7 +87,7 @@ class MSAMPFP8Precision(FP8Precision):
         for key in ("format", "margin", "amax_history_len", "amax_compute_algo"):
             if is_explicit(context, key):
                 problems.append(cls.unsupported(key, getattr(fp8, key), why + "; remove it"))
-        return problems + strategy_problems(context.config)
+        return name_handler_sources(context, problems + strategy_problems(context.config))
 
     def __init__(self, context):
         super().__init__(context)
@@ -122,7 +122,8 @@ class MSAMPFP8Precision(FP8Precision):
         return [model], [optimizer]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"engine": ENGINE, "opt_level": self.opt_level}
+        # MS-AMP keeps weights and optimizer state in its own types: no other precision can resume it
+        return {"engine": ENGINE, "opt_level": self.opt_level, "portable": False, "describe": self.describe()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.check_saved_engine(state)

@@ -37,3 +37,6 @@ def test_te_builds_each_recipe():
     assert isinstance(delayed, te_recipe.DelayedScaling) and delayed.margin == 1 and delayed.amax_history_len == 32
     assert delayed.fp8_format == te_recipe.Format.HYBRID
     assert isinstance(build_recipe(FP8Config(recipe="current")), te_recipe.Float8CurrentScaling)
+    if hasattr(te_recipe, "NVFP4BlockScaling"):  # TE 2.8+
+        nvfp4 = build_recipe(FP8Config(), lambda key: False, "fp4")
+        assert isinstance(nvfp4, te_recipe.NVFP4BlockScaling)

@@ -18,7 +18,8 @@ TORCHBAY_PLUGIN_API = (1, 1)
 
 @hookimpl
 def torchbay_register_precisions():
-    return [LazyClass("torchbay_fp8_te.precision:TransformerEngineFP8Precision", name="fp8", engine="te")]
+    return [LazyClass("torchbay_fp8_te.precision:TransformerEngineFP8Precision", name="fp8", engine="te"),
+            LazyClass("torchbay_fp8_te.precision:TransformerEngineFP4Precision", name="fp4", engine="te")]
 
 
 @hookimpl

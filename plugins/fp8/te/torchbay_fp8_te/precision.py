@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from torchbay_fp8 import FP8Precision, plan_linears, warn_small_layers
-from torchbay_fp8.precision import is_explicit
+from torchbay_fp8.precision import is_explicit, name_handler_sources
 
 from torchbay.errors import CheckpointError
 from torchbay_fp8_te import recipes
@@ -62,7 +62,7 @@ class TransformerEngineFP8Precision(FP8Precision):
         if device_type != "cuda":
             return (f"Transformer Engine runs on NVIDIA GPUs (compute capability 8.9+), not on device "
                     f"'{device_backend_cls.name}'; for FP8 numerics there use fp8.backend: torchao with "
-                    f"fp8.engine_options.emulate: true, or mixed_precision: bf16")
+                    f"fp8.emulate: true, or mixed_precision: bf16")
         if getattr(torch.version, "hip", None):
             return None  # ROCm's Transformer Engine decides in check()
         cap = device_backend_cls.compute_capability()
@@ -77,11 +77,12 @@ class TransformerEngineFP8Precision(FP8Precision):
     def check(cls, context) -> list[str]:
         fp8 = context.config.fp8
         problems = super().check(context)
-        problems += recipes.recipe_problems(fp8, lambda key: is_explicit(context, key))
+        explicit = lambda key: is_explicit(context, key)  # noqa: E731
+        problems += recipes.recipe_problems(fp8, explicit, cls.name)
         device = context.device_backend_cls
         if not problems and device.torch_type() == "cuda" and cls.unavailable_reason(device) is None:
-            problems += cls._hardware_problems(fp8.recipe)
-        return problems
+            problems += cls._hardware_problems(recipes.recipe_of(fp8, explicit, cls.name))
+        return name_handler_sources(context, problems)
 
     @staticmethod
     def _hardware_problems(recipe: str) -> list[str]:
@@ -92,6 +93,8 @@ class TransformerEngineFP8Precision(FP8Precision):
         probes = [("is_fp8_available", "FP8")]
         if recipe == "mxfp8":
             probes.append(("is_mxfp8_available", "MXFP8 block scaling (fp8.recipe: mxfp8)"))
+        if recipe == "nvfp4":
+            probes.append(("is_nvfp4_available", "NVFP4 block scaling (fp8.recipe: nvfp4, Blackwell)"))
         if recipe == "block":
             probes.append(("is_fp8_block_scaling_available", "FP8 block scaling (fp8.recipe: block)"))
         problems = []
@@ -108,17 +111,18 @@ class TransformerEngineFP8Precision(FP8Precision):
     # -- set-up -------------------------------------------------------------------------
     def __init__(self, context):
         super().__init__(context)
-        self.recipe_spec = recipes.recipe_spec(self.fp8, self.is_explicit)
+        self.recipe_spec = recipes.recipe_spec(self.fp8, self.is_explicit, self.name)
         self._recipe = None
         #: per prepared model: names of the modules converted to TE (or found already TE)
         self.converted: list[list[str]] = []
         self._te_modules: dict[str, torch.nn.Module] = {}
         self._models: list[torch.nn.Module] = []
+        self.plans: list = []
 
     @property
     def recipe(self):
         if self._recipe is None:
-            self._recipe = recipes.build_recipe(self.fp8, self.is_explicit)
+            self._recipe = recipes.build_recipe(self.fp8, self.is_explicit, self.name)
         return self._recipe
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -135,7 +139,10 @@ class TransformerEngineFP8Precision(FP8Precision):
                 log.info("fp8 (te): the model already has %d Transformer Engine module(s); using it as it is",
                          len(existing))
         else:
-            plan = plan_linears(module, self.fp8, small_below=self.small_layer_filter())
+            recipe = recipes.recipe_of(self.fp8, self.is_explicit, self.name)
+            plan = plan_linears(module, self.fp8, small_below=self.small_layer_filter(), recipe=recipe,
+                                shape_multiple=32 if recipe in ("mxfp8", "nvfp4") else 16)
+            self.plans.append(plan)
             device = self.device_backend.device if self.device_backend.torch_type() == "cuda" else "cuda"
             for name in plan.convert:
                 module = _replace(module, name, _te_linear(te, module.get_submodule(name), device))
@@ -145,8 +152,7 @@ class TransformerEngineFP8Precision(FP8Precision):
                     if _convertible_layernorm(norm, self.fp8, name):
                         module = _replace(module, name, _te_layernorm(te, norm, device))
                         converted.append(name)
-            if main:
-                log.info("fp8 (te, %s): %s", self.recipe_spec[0], plan.describe())
+            self.log_plan(plan, f"{self.name} (te, {self.recipe_spec[0]}):")
             warn_small_layers(ENGINE, {n: plan.shapes[n] for n in plan.convert}, self.options, main)
         self.converted.append(converted)
         self._models.append(module)
@@ -222,17 +228,25 @@ class TransformerEngineFP8Precision(FP8Precision):
 
     def state_dict(self) -> dict[str, Any]:
         name, kwargs = self.recipe_spec
-        return {"engine": ENGINE, "recipe": name, "recipe_kwargs": {k: str(v) for k, v in kwargs.items()},
-                "converted": [list(c) for c in self.converted]}
+        return {"engine": ENGINE, "mode": self.name, "recipe": name, "describe": self.describe(),
+                "recipe_kwargs": {k: str(v) for k, v in kwargs.items()},
+                "converted": [list(c) for c in self.converted], "layers": [plan.recipes for plan in self.plans]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.check_saved_engine(state)
+        if not self.saved_here(state):
+            return
         if state.get("converted") != self.converted:
             raise CheckpointError(f"precision: the checkpoint converted other modules to TE ({state.get('converted')}) "
                                   f"than this run ({self.converted})")
 
     def describe(self) -> str:
-        return f"fp8:te:{self.recipe_spec[0]}"
+        return f"{self.name}:te:{self.recipe_spec[0]}"
+
+
+class TransformerEngineFP4Precision(TransformerEngineFP8Precision):
+    """``mixed_precision: fp4`` on Transformer Engine: its NVFP4 recipe (Blackwell), configured by ``fp8``."""
+
+    name = "fp4"
 
 
 # --- conversion helpers ------------------------------------------------------------------

@@ -1,4 +1,9 @@
-"""``mixed_precision: fp8`` with ``fp8.backend: torchao``.
+"""``mixed_precision: fp8`` (and ``fp4``) with ``fp8.backend: torchao``.
+
+Recipes (``fp8.recipe``): ``tensorwise`` (= ``current``) and ``rowwise`` through torchao's Float8 Linear;
+``mxfp8`` and, with ``mixed_precision: fp4``, ``mxfp4`` through MX block-scaled Linears (:mod:`.mx`).
+``nvfp4`` is refused: torchao's NVFP4 tensors serve inference, it has no NVFP4 training path (use
+``fp8.backend: te`` on Blackwell).
 
 torchao's ``convert_to_float8_training`` swaps eligible ``nn.Linear`` for its Float8 Linear
 (dynamic scaling: the scale of each tensor is computed from the tensor itself, so there is
@@ -7,8 +12,8 @@ wraps the model, so DDP and FSDP2 see the FP8 modules. Under FSDP2 (tensorwise r
 weights are all-gathered in FP8 and their scales are precomputed after each optimizer step.
 
 Emulation: on a device without FP8 tensor cores (the CPU; NVIDIA GPUs below compute
-capability 8.9), torchao can emulate FP8 numerics in high precision. That is opt-in with
-``fp8.engine_options.emulate: true`` (it is slower than bf16 and for testing only);
+capability 8.9), torchao can emulate FP8 (or MX) numerics in high precision. That is opt-in with
+``fp8.emulate: true`` (or ``fp8.engine_options.emulate``; slower than bf16, for tests and numerics studies);
 without it such a set-up fails before training, naming the fix.
 """
 
@@ -19,9 +24,10 @@ from typing import Any
 
 import torch
 from torchbay_fp8 import FP8Precision, LinearPlan, plan_linears, warn_small_layers
-from torchbay_fp8.precision import is_explicit
+from torchbay_fp8.handlers import AORecipeKwargs
+from torchbay_fp8.precision import is_explicit, name_handler_sources
 
-from torchbay.errors import CheckpointError
+from torchbay_fp8_torchao.mx import MX_RECIPES, convert_mx, native_reason
 
 log = logging.getLogger("torchbay.fp8")
 
@@ -29,6 +35,16 @@ ENGINE = "torchao"
 
 #: fp8.recipe -> torchao recipe name (``current`` is dynamic per-tensor scaling, i.e. tensorwise)
 RECIPES = {"tensorwise": "tensorwise", "current": "tensorwise", "rowwise": "rowwise"}
+FP4_RECIPES = ("mxfp4", "nvfp4")
+NVFP4_REFUSED = ("torchao has no NVFP4 training path (its NVFP4 tensors serve inference, and nothing of it trains on "
+                 "this CPU); use fp8.recipe: mxfp4, or fp8.backend: te (Transformer Engine's NVFP4 recipe, Blackwell)")
+
+
+def recipe_of(mode: str, fp8, explicit: bool = True) -> str:
+    """The recipe a run of ``mode`` uses: ``fp8.recipe``, or under fp4 when it was not set, ``mxfp4``."""
+    if mode == "fp4" and not (explicit and fp8.recipe in FP4_RECIPES):
+        return fp8.recipe if explicit and fp8.recipe != "tensorwise" else "mxfp4"
+    return fp8.recipe
 
 OPTIONS: dict[str, Any] = {
     **FP8Precision.accepted_options,
@@ -66,6 +82,7 @@ class TorchaoFP8Precision(FP8Precision):
     engine_module = "torchao"
     install_hint = "pip install torchbay-fp8-torchao (it requires torchao)"
     accepted_options = OPTIONS
+    can_emulate = True
 
     # -- validation ---------------------------------------------------------------------
     @classmethod
@@ -73,12 +90,21 @@ class TorchaoFP8Precision(FP8Precision):
         reason = super().unavailable_reason(device_backend_cls, config)
         if reason:
             return reason
-        emulate = config is not None and bool(config.fp8.engine_options.get("emulate", False))
-        fast = fast_path_reason(device_backend_cls)
+        recipe = recipe_of(cls.name, config.fp8) if config is not None else "tensorwise"
+        if recipe == "nvfp4":
+            return NVFP4_REFUSED
+        emulate = config is not None and emulated(config.fp8)
+        if recipe in MX_RECIPES:
+            device_type = device_backend_cls.torch_type()
+            fast = native_reason(device_type, device_backend_cls.compute_capability() if device_type == "cuda"
+                                 else None)
+            what = f"{recipe.upper()} (MX block scaling)"
+        else:
+            fast, what = fast_path_reason(device_backend_cls), "FP8"
         if fast and not emulate:
-            return (f"it has no FP8 hardware path on device '{device_backend_cls.name}': {fast}. Set "
-                    f"fp8.engine_options.emulate: true to emulate FP8 numerics (slower than bf16; for testing), "
-                    f"or use mixed_precision: bf16")
+            return (f"it has no {what} hardware path on device '{device_backend_cls.name}': {fast}. Set "
+                    f"fp8.emulate: true to emulate its numerics (slower than bf16; for tests and numerics "
+                    f"studies), or use mixed_precision: bf16")
         return None
 
     @classmethod
@@ -86,10 +112,24 @@ class TorchaoFP8Precision(FP8Precision):
         fp8 = context.config.fp8
         options = dict(fp8.engine_options)
         problems = super().check(context)
-        if fp8.recipe not in RECIPES:
+        recipe = recipe_of(cls.name, fp8, is_explicit(context, "recipe"))
+        if cls.name == "fp4" and recipe not in FP4_RECIPES:
+            problems.append(cls.unsupported("recipe", fp8.recipe, "mixed_precision fp4 takes an FP4 recipe: "
+                                                                  "mxfp4 (torchao) or nvfp4 (te)"))
+        elif cls.name == "fp8" and recipe in FP4_RECIPES:
+            problems.append(cls.unsupported("recipe", fp8.recipe, "an FP4 recipe: set mixed_precision: fp4"))
+        elif recipe == "nvfp4":
+            problems.append(cls.unsupported("recipe", fp8.recipe, NVFP4_REFUSED))
+        elif recipe not in RECIPES and recipe not in MX_RECIPES:
             problems.append(cls.unsupported(
-                "recipe", fp8.recipe, "torchao offers dynamic scaling only: tensorwise (= current) or rowwise; "
-                "for delayed, block or mxfp8 scaling use fp8.backend: te"))
+                "recipe", fp8.recipe, "torchao offers dynamic scaling: tensorwise (= current), rowwise, and MX block "
+                "scaling (mxfp8; mxfp4 under mixed_precision: fp4); for delayed or block scaling use fp8.backend: te"))
+        if fp8.format == "E5M2" and is_explicit(context, "format"):
+            problems.append(cls.unsupported("format", fp8.format, "torchao trains with E4M3 (HYBRID: E5M2 "
+                                                                  "gradients); use E4M3 or HYBRID"))
+        if recipe in MX_RECIPES and is_explicit(context, "format"):
+            problems.append(cls.unsupported("format", fp8.format, f"{recipe} has its own element format "
+                                                                  f"({MX_RECIPES[recipe][1]}); remove fp8.format"))
         if fp8.margin:
             problems.append(cls.unsupported("margin", fp8.margin,
                                             "a margin applies to delayed scaling; set it to 0 or use fp8.backend: te"))
@@ -103,7 +143,7 @@ class TorchaoFP8Precision(FP8Precision):
         if options.get("enable_fsdp_float8_all_gather") and cls._recipe_name(fp8, options) != "tensorwise":
             problems.append("fp8.engine_options.enable_fsdp_float8_all_gather works with the tensorwise recipe only "
                             "(torchao); drop it or use fp8.recipe: tensorwise")
-        return problems
+        return name_handler_sources(context, problems)
 
     @staticmethod
     def _is_fsdp2(context) -> bool:
@@ -112,18 +152,24 @@ class TorchaoFP8Precision(FP8Precision):
         section = getattr(context.config, "fsdp", None)
         return getattr(section, "version", 2) == 2
 
-    @staticmethod
-    def _recipe_name(fp8, options) -> str:
-        return options.get("recipe_name") or RECIPES.get(fp8.recipe, "tensorwise")
+    @classmethod
+    def _recipe_name(cls, fp8, options, explicit: bool = True) -> str:
+        recipe = recipe_of(cls.name, fp8, explicit)
+        if recipe in MX_RECIPES:
+            return recipe
+        return options.get("recipe_name") or RECIPES.get(recipe, "tensorwise")
 
     # -- set-up -------------------------------------------------------------------------
     def __init__(self, context):
         super().__init__(context)
-        self.recipe_name = self._recipe_name(self.fp8, self.options)
-        self.emulate = bool(self.options.get("emulate", False))
+        self.recipe_name = self._recipe_name(self.fp8, self.options, self.is_explicit("recipe"))
+        self.mx = self.recipe_name in MX_RECIPES
+        self.emulate = emulated(self.fp8)
         fsdp2 = self._is_fsdp2(context)
         self.fsdp_float8_all_gather = bool(self.options.get(
             "enable_fsdp_float8_all_gather", fsdp2 and self.recipe_name == "tensorwise"))
+        handler = context.handler(AORecipeKwargs) if hasattr(context, "handler") else None
+        self.module_filter = getattr(handler, "module_filter_func", None)
         self.precompute_scales = bool(self.options.get("precompute_scales", self.fsdp_float8_all_gather))
         #: per converted model (in prepare order): the names of the converted Linear modules
         self.converted: list[list[str]] = []
@@ -132,8 +178,9 @@ class TorchaoFP8Precision(FP8Precision):
         #: how many times the FSDP2 FP8 weight scales were precomputed (after optimizer steps, after loads)
         self.scale_precomputations = 0
         if self.emulate and self.is_main_process:
-            log.warning("fp8 (torchao): emulating FP8 (fp8.engine_options.emulate: true): FP8 numerics computed in "
-                        "high precision; expect it to be slower than bf16. Use it to test, not to train fast.")
+            log.warning("%s (torchao): emulating %s (fp8.emulate: true): its numerics computed in high precision; "
+                        "expect it to be slower than bf16. Use it to test, not to train fast.", self.name,
+                        self.recipe_name.upper() if self.mx else "FP8")
 
     def float8_config(self):
         """The torchao ``Float8LinearConfig`` for this run's settings."""
@@ -162,21 +209,24 @@ class TorchaoFP8Precision(FP8Precision):
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         if any(id(module) == id(m) for m in self._modules):
             return module
-        from torchao.float8 import convert_to_float8_training
+        plan = plan_linears(module, self.fp8, small_below=self.small_layer_filter(),
+                            shape_multiple=32 if self.mx else 16, recipe=self.recipe_name,
+                            module_filter=self.module_filter)
+        if self.mx:
+            convert_mx(module, plan.convert, self.recipe_name, self.emulate)
+        else:
+            from torchao.float8 import convert_to_float8_training
 
-        plan = plan_linears(module, self.fp8, small_below=self.small_layer_filter())
-        chosen = set(plan.convert)
-        originals = {name: module.get_submodule(name).weight for name in plan.convert}
-        module = convert_to_float8_training(module, config=self.float8_config(),
-                                            module_filter_fn=lambda mod, fqn: fqn in chosen)
-        _keep_parameter_identity(module, originals)
+            chosen = set(plan.convert)
+            originals = {name: module.get_submodule(name).weight for name in plan.convert}
+            module = convert_to_float8_training(module, config=self.float8_config(),
+                                                module_filter_fn=lambda mod, fqn: fqn in chosen)
+            _keep_parameter_identity(module, originals)
         self.plans.append(plan)
         self.converted.append(list(plan.convert))
         self._modules.append(module)
         main = self.is_main_process
-        if main:
-            log.info("fp8 (torchao, recipe %s%s): %s", self.recipe_name, ", emulated" if self.emulate else "",
-                     plan.describe())
+        self.log_plan(plan, f"{self.name} (torchao, recipe {self.recipe_name}{', emulated' if self.emulate else ''}):")
         if not plan.convert and main:
             log.warning("fp8 (torchao): no Linear module of this model was converted, so it trains in %s; see the "
                         "reasons above (fp8.include / fp8.exclude / fp8.keep_first_and_last)",
@@ -187,7 +237,7 @@ class TorchaoFP8Precision(FP8Precision):
     def compile_reason(self, module: torch.nn.Module) -> str | None:
         """A module with Float8 Linears runs faster than bf16 only compiled: eager, each cast to FP8
         is its own kernel over the tensor (measured on an H200: eager 0.84x bf16, compiled 1.17-1.38x)."""
-        if self.emulate or not any(m is module and c for m, c in zip(self._modules, self.converted)):
+        if self.emulate or self.mx or not any(m is module and c for m, c in zip(self._modules, self.converted)):
             return None
         return "fp8 (torchao) runs faster than bf16 only under torch.compile, which fuses its scaling and casts"
 
@@ -214,20 +264,35 @@ class TorchaoFP8Precision(FP8Precision):
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        # dynamic scaling keeps no history: the state is what was converted, to check on load
-        return {"engine": ENGINE, "recipe": self.recipe_name, "converted": [list(c) for c in self.converted]}
+        # dynamic scaling keeps no history: the state is each layer's recipe, to say on load what changed
+        return {"engine": ENGINE, "mode": self.name, "recipe": self.recipe_name, "describe": self.describe(),
+                "converted": [list(c) for c in self.converted], "layers": [plan.recipes for plan in self.plans]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.check_saved_engine(state)
-        if state.get("converted") != self.converted:
-            raise CheckpointError(f"precision: the checkpoint converted other Linear modules to FP8 "
-                                  f"({state.get('converted')}) than this run ({self.converted}); use the same "
-                                  f"fp8.include / fp8.exclude / fp8.keep_first_and_last")
+        if self.saved_here(state) and state.get("layers", [p.recipes for p in self.plans]) != [
+                p.recipes for p in self.plans]:
+            changed = [f"{name}: {saved[name]} -> {new}" for saved, plan in zip(state.get("layers", []), self.plans)
+                       for name, new in plan.recipes.items() if saved.get(name, new) != new]
+            if self.is_main_process:  # dynamic scaling carries no state across: a change of recipe is safe
+                log.warning("precision: the checkpoint's layers had other recipes; %d change(s): %s", len(changed),
+                            "; ".join(changed[:8]) + (" ..." if len(changed) > 8 else ""))
         if self.precompute_scales:
             self.precompute_fsdp_scales()  # the loaded weights need fresh scales before the next all-gather
 
     def describe(self) -> str:
-        return f"fp8:torchao:{self.recipe_name}{':emulated' if self.emulate else ''}"
+        return f"{self.name}:torchao:{self.recipe_name}{':emulated' if self.emulate else ''}"
+
+
+class TorchaoFP4Precision(TorchaoFP8Precision):
+    """``mixed_precision: fp4`` on torchao: MXFP4 (``fp8.recipe: mxfp4``, the default here); the ``fp8``
+    section configures it (policy, emulation)."""
+
+    name = "fp4"
+
+
+def emulated(fp8) -> bool:
+    """``fp8.emulate``, or the older ``fp8.engine_options.emulate``."""
+    return bool(fp8.emulate or fp8.engine_options.get("emulate", False))
 
 
 def _keep_parameter_identity(model: torch.nn.Module, originals: dict[str, torch.nn.Parameter]) -> None:
