@@ -21,7 +21,7 @@ from torchbay import Accelerator
 from torchbay.compat.config_import import convert, handler_settings
 from torchbay.errors import ConfigError, IncompatibleSetupError
 from torchbay.launch.plan import describe_source
-from torchbay.plugin.resolve import resolve_config
+from torchbay.registry.resolve import resolve_config
 
 pytest.importorskip("torchbay_fp8", reason="torchbay-fp8 is not installed")
 pytest.importorskip("torchbay_fp8_torchao", reason="torchbay-fp8-torchao is not installed")
