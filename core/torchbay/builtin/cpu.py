@@ -107,6 +107,11 @@ class CPUBackend(DeviceBackend):
     def empty_cache(self) -> None:
         pass
 
+    def peak_flops(self, dtype) -> None:
+        """Unknown: a CPU's peak depends on its vector units (AVX2, AVX-512, AMX), cores in use and clocks, which no
+        portable query tells; an estimate from the core count would be a guess, so the cpu device has no MFU."""
+        return None
+
     def report(self) -> dict:
         return {"device": "cpu", "count": 1, "cores": os.cpu_count(), "threads": torch.get_num_threads()}
 

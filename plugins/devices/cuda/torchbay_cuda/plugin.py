@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from torchbay.plugin import DeviceBackend, hookimpl
+from torchbay.plugin import DeviceBackend, flops_key, hookimpl
+from torchbay_cuda.peaks import peak_flops_of
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
-TORCHBAY_PLUGIN_API = (1, 0)
+TORCHBAY_PLUGIN_API = (1, 3)
 
 NAME = "cuda"
 
@@ -111,6 +112,11 @@ class CUDABackend(DeviceBackend):
         if dtype == torch.bfloat16 and torch.cuda.is_initialized():  # asking earlier would create a context
             return torch.cuda.is_bf16_supported(including_emulation=False)
         return super().supports_autocast(dtype)
+
+    def peak_flops(self, dtype: Any) -> float | None:
+        """The published dense peak of this GPU for ``dtype`` (torchbay_cuda.peaks, with its sources), by the
+        device's name; ``None`` for a GPU the table does not identify exactly."""
+        return peak_flops_of(torch.cuda.get_device_name(self.index), flops_key(dtype))
 
     def report(self) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(self.index)
