@@ -322,6 +322,16 @@ class DeviceBackend:
         """
         return None
 
+    def record_memory_history(self, max_entries: int) -> bool:
+        """Start recording the allocator's history for :meth:`dump_memory_snapshot` (plugin API 1.3); ``False``
+        (the base) where the device cannot."""
+        return False
+
+    def dump_memory_snapshot(self, path: str) -> bool:
+        """Write the allocator's snapshot to ``path`` in torch's format (https://pytorch.org/memory_viz); ``False``
+        (the base) where the device cannot. ``path`` is new: torchbay never asks to overwrite a file."""
+        return False
+
     def report(self) -> dict[str, Any]:
         out: dict[str, Any] = {"device": str(self.device), "count": self.device_count()}
         name = getattr(self.module, "get_device_name", None)

@@ -118,6 +118,15 @@ class CUDABackend(DeviceBackend):
         device's name; ``None`` for a GPU the table does not identify exactly."""
         return peak_flops_of(torch.cuda.get_device_name(self.index), flops_key(dtype))
 
+    def record_memory_history(self, max_entries: int) -> bool:
+        """torch's CUDA allocator history (``torch.cuda.memory._record_memory_history``), for the snapshot."""
+        torch.cuda.memory._record_memory_history(max_entries=max_entries)
+        return True
+
+    def dump_memory_snapshot(self, path: str) -> bool:
+        torch.cuda.memory._dump_snapshot(path)
+        return True
+
     def report(self) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(self.index)
         return {"device": str(self.device), "count": self.device_count(), "name": props.name,
