@@ -22,6 +22,17 @@ from torchbay_cuda.peaks import peak_flops_of
 TORCHBAY_PLUGIN_API = (1, 3)
 
 NAME = "cuda"
+#: collectives each process group's flight recorder keeps (torch's ring buffer; a few hundred bytes each)
+FLIGHT_RECORDER_ENTRIES = 2000
+
+
+def _fr_named_generically() -> bool:
+    """Whether this torch reads ``TORCH_FR_BUFFER_SIZE`` (it warns on the older ``TORCH_NCCL_TRACE_BUFFER_SIZE``)."""
+    try:
+        from torch._C import _distributed_c10d
+    except ImportError:
+        return False
+    return hasattr(_distributed_c10d, "_dump_fr_trace")
 
 
 class CUDABackend(DeviceBackend):
@@ -106,6 +117,18 @@ class CUDABackend(DeviceBackend):
     @classmethod
     def dist_backend(cls) -> str:
         return cls.dist_backend_name
+
+    @classmethod
+    def launch_env(cls, local_world_size: int, config: Any = None) -> dict[str, str]:
+        """NCCL's flight recorder on: every process group keeps its last collectives, and on a collective timeout
+        every rank dumps them (``torchbay launch`` points the dumps into its run directory and its failure report
+        names the rank, collective and sequence number where the ranks diverged). A variable already set in the
+        environment is left as it is."""
+        buffer = "TORCH_FR_BUFFER_SIZE" if _fr_named_generically() else "TORCH_NCCL_TRACE_BUFFER_SIZE"
+        wanted = {buffer: str(FLIGHT_RECORDER_ENTRIES), "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+        if "TORCH_NCCL_TRACE_BUFFER_SIZE" in os.environ or "TORCH_FR_BUFFER_SIZE" in os.environ:
+            wanted.pop(buffer)
+        return {key: value for key, value in wanted.items() if key not in os.environ}
 
     @classmethod
     def supports_autocast(cls, dtype: torch.dtype) -> bool:
