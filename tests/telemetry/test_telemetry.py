@@ -179,7 +179,8 @@ def test_oom_report_names_each_part():
 
 def test_an_oom_in_backward_carries_the_report():
     acc = Accelerator(device="cpu")
-    model, opt = acc.prepare(nn.Linear(4, 4), torch.optim.SGD(nn.Linear(4, 4).parameters(), lr=0.1))
+    model = nn.Linear(4, 4)
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
 
     class Boom(torch.autograd.Function):
         @staticmethod
@@ -194,3 +195,34 @@ def test_an_oom_in_backward_carries_the_report():
         acc.backward(Boom.apply(model(torch.ones(1, 4))).sum())
     assert any("out of memory on rank 0" in note and "parameters" in note for note in caught.value.__notes__)
     acc.end_training()
+
+
+def test_plot_draws_the_telemetry(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from torchbay.cli.main import main
+    from torchbay.cli.plot import collect, panels
+
+    _train(tmp_path, steps=4, every=3)
+    assert main(["plot", str(tmp_path), "--telemetry"]) == 0
+    assert (tmp_path / "metrics.png").read_bytes()[:4] == b"\x89PNG" and "wrote" in capsys.readouterr().out
+    series, _ = collect(str(tmp_path), None)
+    assert [step for step, _ in series["throughput/tokens_per_s"]] == [3]
+    assert panels({"memory/rank0/peak_gib": [], "memory/rank1/peak_gib": []}) == \
+        {"peak_gib": ["memory/rank0/peak_gib", "memory/rank1/peak_gib"]}
+
+
+def test_without_the_jsonl_tracker_telemetry_writes_its_own_file(tmp_path):
+    acc = Accelerator(project_dir=str(tmp_path), device="cpu",
+                      config={"telemetry": {"enabled": True, "every_n_steps": 2}})
+    model = TinyGPT()
+    model, opt, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                     DataLoader(Tokens(), batch_size=2))
+    for step, batch in enumerate(loader):
+        if step == 2:
+            break
+        acc.backward(model(**batch))
+        opt.step()
+    acc.end_training()
+    records = read_jsonl(tmp_path / "logs" / "telemetry" / "metrics.jsonl")
+    assert [r["step"] for r in records if "values" in r] == [1, 2]
+    assert records[-1] == {"event": "finish", "time": records[-1]["time"]}
