@@ -226,3 +226,16 @@ def test_without_the_jsonl_tracker_telemetry_writes_its_own_file(tmp_path):
     records = read_jsonl(tmp_path / "logs" / "telemetry" / "metrics.jsonl")
     assert [r["step"] for r in records if "values" in r] == [1, 2]
     assert records[-1] == {"event": "finish", "time": records[-1]["time"]}
+
+
+def test_a_compiled_model_gets_no_count_rather_than_a_wrong_one(tmp_path, caplog):
+    from torchbay.telemetry.monitor import compiled_module
+
+    model = TinyGPT()
+    assert compiled_module([model]) is None
+    model.blocks[0].compile(backend="eager")  # compiled in place, as compile.regional does
+    assert compiled_module([model]) == "blocks.0"
+    assert compiled_module([torch.compile(nn.Linear(2, 2), backend="eager")]) == "OptimizedModule"
+    from torchbay.compile.compiler import compile_in_place
+
+    assert compiled_module([nn.Sequential(compile_in_place(nn.Linear(2, 2), backend="eager"))]) == "0"

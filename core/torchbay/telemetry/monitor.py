@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 
 from torchbay.axes.device import flops_key
+from torchbay.compile.compiler import is_compiled
 from torchbay.telemetry.flops import StepFlopCounter, parameter_count, transformer_estimate
 from torchbay.telemetry.memory import GIB, dump_snapshot, start_snapshot_recording
 from torchbay.tracking.jsonl import JSONLinesTracker
@@ -53,6 +54,16 @@ def _first_tensor(batch: Any, depth: int = 0) -> torch.Tensor | None:
         found = _first_tensor(item, depth + 1)
         if found is not None:
             return found
+    return None
+
+
+def compiled_module(models: list[Any]) -> str | None:
+    """The name of a compiled module among ``models`` (``torch.compile``, ``Module.compile`` or torchbay's
+    ``compile`` step), else ``None``."""
+    for model in models:
+        for name, module in getattr(model, "named_modules", lambda: [])():
+            if is_compiled(module):
+                return name or type(model).__name__
     return None
 
 
@@ -114,8 +125,13 @@ class TelemetryMonitor:
         self.wait_s += wait_s
         if tokens is not None:
             self.tokens = (self.tokens or 0) + tokens
-        if self.step == 0 and self.settings.count_flops and self.settings.flops_per_step is None:
-            self.counter.open()  # the first step's batch: count until its optimizer step
+        if (self.step == 0 and self.settings.count_flops and self.settings.flops_per_step is None
+                and not self.counter.counting and self.counter.error is None):
+            compiled = compiled_module(self.models())
+            if compiled:  # FlopCounterMode misses what compiled graphs run (their backward): no count, not a wrong one
+                self.counter.error = f"{compiled} is compiled (torch.compile); FlopCounterMode cannot see into it"
+            else:
+                self.counter.open()  # the first step's batch: count until its optimizer step
 
     def after_optimizer_step(self, optimizer: Any) -> None:
         """Called by every prepared optimizer's real step; counts the first prepared optimizer's."""
