@@ -239,3 +239,16 @@ def test_a_compiled_model_gets_no_count_rather_than_a_wrong_one(tmp_path, caplog
     from torchbay.compile.compiler import compile_in_place
 
     assert compiled_module([nn.Sequential(compile_in_place(nn.Linear(2, 2), backend="eager"))]) == "0"
+
+
+def test_two_processes_log_every_rank_s_memory(tmp_path):
+    from torchbay.testing import telemetry_run
+    from torchbay.testing.processes import run_torchrun
+
+    result = run_torchrun(telemetry_run.__file__, 2, ["--project-dir", str(tmp_path)], timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [r for r in read_jsonl(tmp_path / "logs" / "jsonl" / "telemetry" / "metrics.jsonl") if "values" in r]
+    assert [r["step"] for r in records] == [1, 3]  # written once, by the main process
+    for record in records:
+        for rank in (0, 1):
+            assert record["values"][f"memory/rank{rank}/peak_gib"] > 0

@@ -4,6 +4,7 @@ steps (docs/telemetry.md).
 :func:`train` runs :data:`STEPS` optimizer steps of a small token model over a prepared loader with
 ``telemetry.every_n_steps = EVERY``: the first step's record is logged at step 1 (:data:`FIRST_STEP`) and the
 windows' at steps 3 (:data:`WINDOW`). A tracker plugin's test reads its own store back and checks the names.
+Under ``torchrun`` every rank's memory is logged (``memory/rank<R>/...``).
 """
 
 from __future__ import annotations
@@ -53,3 +54,18 @@ def train(project_dir: str, log_with: str, run_name: str = "telemetry", **accele
         optimizer.zero_grad()
     acc.end_training()
     return acc
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python telemetry_run.py --project-dir D [--log-with jsonl]``, alone or under torchrun."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--project-dir", required=True)
+    parser.add_argument("--log-with", default="jsonl")
+    args = parser.parse_args(argv)
+    train(args.project_dir, args.log_with)
+
+
+if __name__ == "__main__":
+    main()
