@@ -41,7 +41,7 @@ def train(project_dir: str, log_with: str, run_name: str = "telemetry", **accele
     config = dict(accelerator_kwargs.pop("config", {}) or {})
     config["telemetry"] = {"enabled": True, "every_n_steps": EVERY}
     acc = Accelerator(project_dir=project_dir, log_with=log_with, device="cpu", config=config, **accelerator_kwargs)
-    data = [{"input_ids": torch.arange(8) % 32} for _ in range(STEPS * 2)]
+    data = [{"input_ids": torch.arange(8) % 32} for _ in range(STEPS * 2 * 4)]  # enough for 4 processes
     model = _TokenModel()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer, loader = acc.prepare(model, optimizer, DataLoader(data, batch_size=2))
