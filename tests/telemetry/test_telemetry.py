@@ -252,3 +252,19 @@ def test_two_processes_log_every_rank_s_memory(tmp_path):
     for record in records:
         for rank in (0, 1):
             assert record["values"][f"memory/rank{rank}/peak_gib"] > 0
+
+
+def test_without_a_prepared_loader_only_what_is_known_is_logged(tmp_path):
+    acc = Accelerator(project_dir=str(tmp_path), device="cpu", log_with="jsonl",
+                      config={"telemetry": {"enabled": True, "every_n_steps": 2, "flops_per_step": 1e6}})
+    model = nn.Linear(4, 4)
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    acc.init_trackers("run")
+    for _ in range(2):
+        acc.backward(model(torch.ones(2, 4)).sum())
+        opt.step()
+    acc.end_training()
+    (window,) = [r["values"] for r in read_jsonl(tmp_path / "logs" / "jsonl" / "run" / "metrics.jsonl")
+                 if r.get("step") == 2]
+    assert window["time/step_time_s"] > 0 and window["throughput/tflops"] > 0  # stated FLOPs per step
+    assert not {"throughput/samples_per_s", "time/data_wait_s", "throughput/tokens_per_s"} & set(window)

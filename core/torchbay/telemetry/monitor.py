@@ -121,6 +121,7 @@ class TelemetryMonitor:
 
     def on_batch(self, batch: Any, wait_s: float) -> None:
         samples, tokens = batch_counts(batch)
+        self.batches += 1
         self.samples += samples
         self.wait_s += wait_s
         if tokens is not None:
@@ -189,7 +190,7 @@ class TelemetryMonitor:
         self.device_backend.synchronize()
         self.t0 = time.perf_counter()
         self.window_start_step = self.step
-        self.samples, self.tokens, self.wait_s = 0, None, 0.0
+        self.samples, self.tokens, self.wait_s, self.batches = 0, None, 0.0, 0
 
     def window_flops(self) -> float | None:
         """The window's model FLOPs: the first step's count scaled by tokens (else samples, else steps)."""
@@ -206,8 +207,9 @@ class TelemetryMonitor:
         self.device_backend.synchronize()
         elapsed = max(time.perf_counter() - self.t0, 1e-12)
         steps = max(self.step - self.window_start_step, 1)
-        values: dict[str, Any] = {"time/step_time_s": elapsed / steps, "time/data_wait_s": self.wait_s / steps,
-                                  "throughput/samples_per_s": self.samples / elapsed}
+        values: dict[str, Any] = {"time/step_time_s": elapsed / steps}
+        if self.batches:  # batches came from a prepared loader (else nothing is known of them: no zeros)
+            values.update({"time/data_wait_s": self.wait_s / steps, "throughput/samples_per_s": self.samples / elapsed})
         if self.tokens is not None:
             values["throughput/tokens_per_s"] = self.tokens / elapsed
         flops = self.window_flops()
@@ -267,8 +269,9 @@ class TelemetryMonitor:
         self._own_jsonl.log(values, step=self.step)
 
     def _show_on_bars(self, values: dict[str, Any]) -> None:
-        rate = values.get("throughput/tokens_per_s")
-        text = f"{rate:,.0f} tok/s" if rate is not None else f"{values['throughput/samples_per_s']:,.1f} samples/s"
+        rate, samples = values.get("throughput/tokens_per_s"), values.get("throughput/samples_per_s")
+        text = (f"{rate:,.0f} tok/s" if rate is not None else f"{samples:,.1f} samples/s" if samples is not None
+                else f"{values['time/step_time_s'] * 1e3:,.1f} ms/step")
         if "throughput/mfu" in values:
             text += f", MFU {values['throughput/mfu']:.1%}"
         for bar in list(LIVE_BARS):
