@@ -268,3 +268,56 @@ def test_without_a_prepared_loader_only_what_is_known_is_logged(tmp_path):
                  if r.get("step") == 2]
     assert window["time/step_time_s"] > 0 and window["throughput/tflops"] > 0  # stated FLOPs per step
     assert not {"throughput/samples_per_s", "time/data_wait_s", "throughput/tokens_per_s"} & set(window)
+
+
+def test_telemetry_off_puts_nothing_on_the_step():
+    acc = Accelerator(device="cpu")
+    model = nn.Linear(4, 4)
+    model, opt, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                     DataLoader(Tokens(), batch_size=2))
+    assert acc.telemetry is None and loader._batch_watch is None
+    batches = iter(loader)
+    assert type(batches).__name__ == "generator" and batches.gi_code.co_name == "_iterate"  # the loader's own
+    batches.close()
+    acc.end_training()
+
+
+def test_a_device_that_writes_allocator_snapshots_gets_them_after_the_first_step_and_on_oom(tmp_path, monkeypatch):
+    recorded = []
+
+    def record(self, entries):
+        recorded.append(entries)
+        return True
+
+    def dump(self, path):
+        with open(path, "wb") as f:
+            f.write(b"snapshot")
+        return True
+
+    monkeypatch.setattr(CPUBackend, "record_memory_history", record)
+    monkeypatch.setattr(CPUBackend, "dump_memory_snapshot", dump)
+    _train(tmp_path, steps=2, every=3, memory_snapshot=True, memory_snapshot_entries=5)
+    assert recorded == [5]
+    folder = tmp_path / "logs" / "telemetry"
+    assert (folder / "memory_snapshot.rank0.step1.pickle").read_bytes() == b"snapshot"
+    acc = Accelerator(project_dir=str(tmp_path), device="cpu",
+                      config={"telemetry": {"enabled": True, "memory_snapshot": True}})
+    error = torch.OutOfMemoryError("out of memory")
+    acc.explain_oom(error)
+    acc.end_training()
+    assert "allocator snapshot: " + str(folder / "memory_snapshot.oom.rank0.pickle") in error.__notes__[0]
+    acc.explain_oom(error)
+    assert len(error.__notes__) == 1  # once per error
+
+
+def test_an_oom_that_ends_the_program_carries_the_report(tmp_path):
+    from torchbay.testing.processes import run_python
+
+    script = tmp_path / "oom.py"
+    script.write_text("import torch\nfrom torchbay import Accelerator\nacc = Accelerator(device='cpu')\n"
+                      "model = acc.prepare(torch.nn.Linear(8, 8))\n"
+                      "raise torch.OutOfMemoryError('out of memory in the forward')\n")
+    result = run_python(str(script), timeout=120)
+    assert result.returncode == 1
+    assert "OutOfMemoryError: out of memory in the forward" in result.stderr
+    assert "torchbay: out of memory on rank 0 (cpu); what it held:" in result.stderr
