@@ -284,8 +284,17 @@ def run_case(args, device, device_name, case: Case) -> tuple[str, bool]:
     verdict = "ok" if ok else f"LOSS DIFFERS from {case.direct or 'raw'} (tolerance {tolerance:g})"
     if case.compiled and keep.get("compiled") in ([], [[]]):
         verdict, ok = verdict + "; torchbay compiled nothing", False
+    tflops = step_flops(args) / (ms / 1e3) / 1e12
+    peak = args.peaks.get(case.mode)
+    mfu = f"{tflops * 1e12 / peak:>6.1%}" if peak else f"{'-':>6}"
     return (f"{case.name:<14} {raw_ms:>9.2f} {direct_ms:>10.2f} {ms:>11.2f} {ms / raw_ms:>7.3f} "
-            f"{ms / direct_ms:>9.3f} {diff:>11.2e}  {verdict}"), ok
+            f"{ms / direct_ms:>9.3f} {tflops:>7.1f} {mfu} {diff:>11.2e}  {verdict}"), ok
+
+
+def step_flops(args) -> int:
+    """Model FLOPs of one step of the MLP: every matmul weight 6 x rows (2 forward, 4 backward); exact for this
+    model, as FlopCounterMode counts it (torchbay.telemetry; the bias adds and GELU are not counted)."""
+    return 6 * (args.depth * args.width * args.width + args.width * 16) * args.batch
 
 
 def fp8_sizes(args, device) -> None:
@@ -333,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
 
     probe = Accelerator(**({"device": args.device} if args.device else {}))
     device, device_name = probe.device, probe.device_backend.name
+    # MFU's peak per row's math: the device plugin's published figure (DeviceBackend.peak_flops), None if unknown
+    args.peaks = {mode: probe.device_backend.peak_flops(mode) for mode in ("fp32", "bf16", "fp8")}
     probe.end_training()
     gpu = device.type != "cpu"
     args.width = args.width or (8192 if gpu else 256)
@@ -346,8 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device {device_name} ({name}); torch {torch.__version__}; MLP {args.depth} x {args.width}, batch "
           f"{args.batch}; {args.steps} timed steps after {args.warmup}; compile backend {args.compile_backend}"
           f"{'; FP8 EMULATED (its times mean nothing)' if args.emulate else ''}", flush=True)
+    peaks = ", ".join(f"{m} {p / 1e12:g}" for m, p in args.peaks.items() if p) or "unknown (no MFU)"
+    print(f"peak TFLOP/s (device plugin): {peaks}; TFLOP/s and MFU are torchbay's, against the row's math")
     header = (f"{'case':<14} {'raw ms':>9} {'direct ms':>10} {'torchbay ms':>11} {'tb/raw':>7} {'tb/direct':>9} "
-              f"{'dloss/loss':>11}  result")
+              f"{'TFLOP/s':>7} {'MFU':>6} {'dloss/loss':>11}  result")
     print(header)
     print("-" * len(header))
     wanted = set(args.cases.split(",")) if args.cases else None

@@ -39,7 +39,7 @@ LAYERS = [
     ("axes",),
     ("registry", "hookspecs"),
     ("process",),
-    ("data", "checkpoint", "big_modeling", "tracking", "launch"),
+    ("data", "checkpoint", "big_modeling", "tracking", "launch", "telemetry"),
     ("compat",),
     ("accelerator",),
     ("utils", "state", "wrappers", "launchers", "cli", "testing", "_moved"),

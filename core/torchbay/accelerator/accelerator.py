@@ -45,6 +45,8 @@ from torchbay.process.state import AcceleratorState, DistributedType, distribute
 from torchbay.registry.manager import get_plugin_manager
 from torchbay.registry.resolve import config_model, resolve_config
 from torchbay.registry.selection import build_context
+from torchbay.telemetry.memory import add_oom_report
+from torchbay.telemetry.monitor import TelemetryMonitor
 from torchbay.tracking.run import RunTracking
 from torchbay.tracking.trackers import split_log_with
 
@@ -161,6 +163,9 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
         self._adopt_state()
         self._setup_checkpointing()  # prepared_objects, training_state and the checkpointer given them
         self.tracking = RunTracking(self.context, self.training_state, tracker_instances)
+        self.telemetry = (TelemetryMonitor(self.config.telemetry, self.config, self.device_backend, self.strategy,
+                                           self.tracking, lambda: self._models, lambda: self._optimizers)
+                          if self.config.telemetry.enabled else None)
         if self.config.seed is not None:
             set_seed(self.config.seed)
 
@@ -244,8 +249,19 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         if not self.strategy.handles_accumulation and self.gradient_state.accumulation_steps > 1:
             loss = loss / self.gradient_state.accumulation_steps
-        self.strategy.backward(self.precision.scale_loss(loss), sync_gradients=self.gradient_state.sync_gradients,
-                               **kwargs)
+        try:
+            self.strategy.backward(self.precision.scale_loss(loss),
+                                   sync_gradients=self.gradient_state.sync_gradients, **kwargs)
+        except RuntimeError as exc:  # torch.OutOfMemoryError among them: say what the memory held
+            self.explain_oom(exc)
+            raise
+
+    def explain_oom(self, exc: BaseException) -> None:
+        """Add to an out-of-memory ``exc`` what this rank's memory held (parameters, gradients, optimizer state,
+        the rest); with ``telemetry.memory_snapshot``, the allocator snapshot too. Other errors: nothing."""
+        snapshots = self.telemetry.snapshot_dir() if self.telemetry is not None and self.telemetry.snapshots else None
+        add_oom_report(exc, list(self._models), list(self._optimizers), self.device_backend,
+                       self.process_index, snapshots)
 
     def accumulate(self, *models: Any):
         """Accumulate gradients locally until the last micro-batch of the window, then sync.
@@ -355,6 +371,8 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
 
     def _close_trackers_and_group(self) -> None:
         try:
+            if self.telemetry is not None:
+                self.telemetry.finish()
             self.tracking.finish()
         finally:
             self.strategy.teardown()

@@ -46,6 +46,7 @@ class Preparation:
     gradient_state: GradientState
     # ... and the prepared objects it adds to (Accelerate's names for prepared_objects' lists, checkpointed.py)
     _models: list[Any]
+    telemetry: Any
     _optimizers: list[PreparedOptimizer]
     _schedulers: list[PreparedScheduler]
     _dataloaders: list[Any]
@@ -208,6 +209,8 @@ class Preparation:
                                      use_stateful_dataloader=cfg.use_stateful_dataloader)
         loader.gradient_state, loader._strategy = self.gradient_state, self.strategy
         loader._batches = self.strategy.wrap_batches(self.device_backend.wrap_dataloader(loader.base_dataloader))
+        if self.telemetry is not None:  # data-wait time, samples and tokens of every batch
+            loader._batch_watch = self.telemetry.watch
         self._dataloaders.append(loader)
         _mark_prepared(loader)
         return loader

@@ -89,12 +89,19 @@ class PreparedOptimizer(torch.optim.Optimizer):
         if not acc.gradient_state.sync_gradients:
             return None
         kwargs = {} if closure is None else {"closure": closure}
-        stepped = acc.precision.optimizer_step(self.optimizer, acc.strategy.optimizer_step, **kwargs)
+        try:
+            stepped = acc.precision.optimizer_step(self.optimizer, acc.strategy.optimizer_step, **kwargs)
+        except RuntimeError as exc:  # an out-of-memory error says what the memory held
+            getattr(acc, "explain_oom", lambda _: None)(exc)
+            raise
         self.step_was_skipped = not stepped
         self.gradients_unscaled = False
         if stepped:
             acc.precision.after_optimizer_step(self.optimizer)
         acc.device_backend.after_step()
+        telemetry = getattr(acc, "telemetry", None)
+        if telemetry is not None:
+            telemetry.after_optimizer_step(self)
         return None
 
     def unscale_gradients(self) -> None:

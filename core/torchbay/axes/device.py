@@ -15,6 +15,33 @@ from typing import Any, ClassVar
 
 import torch
 
+#: the keys of :meth:`DeviceBackend.peak_flops`'s figures: the math a device publishes a peak for
+FLOPS_KEYS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
+
+
+def flops_key(dtype: Any) -> str | None:
+    """``torch.bfloat16`` or ``"bf16"`` -> ``"bf16"``; every float8 dtype -> ``"fp8"``, float4 -> ``"fp4"``; a
+    dtype with no peak of its own (integers, float64) -> ``None``."""
+    if isinstance(dtype, str):
+        key = dtype.lower().replace("float", "fp").replace("bfp16", "bf16")
+        aliases = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16", "half": "fp16", "fp8": "fp8",
+                   "fp4": "fp4", "no": "fp32"}
+        return aliases.get(key)
+    if not isinstance(dtype, torch.dtype):
+        return None
+    if dtype == torch.float32:
+        return "fp32"
+    if dtype == torch.bfloat16:
+        return "bf16"
+    if dtype == torch.float16:
+        return "fp16"
+    name = str(dtype)
+    if "float8" in name:
+        return "fp8"
+    if "float4" in name:
+        return "fp4"
+    return None
+
 
 class DeviceBackend:
     """One kind of device. Instantiated once per process for the device it uses.
@@ -282,6 +309,28 @@ class DeviceBackend:
     def wrap_dataloader(self, dataloader):
         """Device-aware data loading (a lazy-tensor device's parallel loader); the default is the loader."""
         return dataloader
+
+    def peak_flops(self, dtype: Any) -> float | None:
+        """The device's peak dense math rate for ``dtype`` in FLOP/s (plugin API 1.3), or ``None``: unknown.
+
+        ``dtype`` is a torch dtype or one of the keys of :data:`FLOPS_KEYS` (``"bf16"``, ``"fp16"``, ``"fp32"``,
+        ``"tf32"``, ``"fp8"``, ``"fp4"``); :func:`flops_key` turns either into the key. Telemetry divides the
+        achieved rate by it for MFU, and logs no MFU where it is ``None``. A plugin returns the figure its vendor
+        publishes for this device (dense, no structured sparsity), for the exact product it detects; it never
+        guesses: a device it cannot identify, or a dtype without a published figure, is ``None``. The base
+        knows no device, so it returns ``None``.
+        """
+        return None
+
+    def record_memory_history(self, max_entries: int) -> bool:
+        """Start recording the allocator's history for :meth:`dump_memory_snapshot` (plugin API 1.3); ``False``
+        (the base) where the device cannot."""
+        return False
+
+    def dump_memory_snapshot(self, path: str) -> bool:
+        """Write the allocator's snapshot to ``path`` in torch's format (https://pytorch.org/memory_viz); ``False``
+        (the base) where the device cannot. ``path`` is new: torchbay never asks to overwrite a file."""
+        return False
 
     def report(self) -> dict[str, Any]:
         out: dict[str, Any] = {"device": str(self.device), "count": self.device_count()}

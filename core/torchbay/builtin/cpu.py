@@ -10,15 +10,18 @@ from torchbay.axes.device import DeviceBackend
 from torchbay.registry.manager import hookimpl
 
 
-def _proc_status_kib(field: str) -> int:
+def _proc_status_kib(*fields: str) -> list[int]:
+    """The ``fields`` of ``/proc/self/status`` in KiB (0 where absent), read in one pass."""
+    found = dict.fromkeys(fields, 0)
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
+                key = line.partition(":")[0]
+                if key in found:
+                    found[key] = int(line.split()[1])
     except OSError:
         pass
-    return 0
+    return [found[name] for name in fields]
 
 
 class CPUBackend(DeviceBackend):
@@ -85,10 +88,11 @@ class CPUBackend(DeviceBackend):
 
     def memory_stats(self) -> dict[str, int]:
         page = os.sysconf("SC_PAGE_SIZE")
+        rss, hwm = _proc_status_kib("VmRSS", "VmHWM")
         return {
-            "allocated": _proc_status_kib("VmRSS") * 1024,
-            "peak_allocated": _proc_status_kib("VmHWM") * 1024,
-            "reserved": _proc_status_kib("VmRSS") * 1024,
+            "allocated": rss * 1024,
+            "peak_allocated": hwm * 1024,
+            "reserved": rss * 1024,
             "free": os.sysconf("SC_AVPHYS_PAGES") * page,
             "total": os.sysconf("SC_PHYS_PAGES") * page,
         }
@@ -106,6 +110,11 @@ class CPUBackend(DeviceBackend):
 
     def empty_cache(self) -> None:
         pass
+
+    def peak_flops(self, dtype) -> None:
+        """Unknown: a CPU's peak depends on its vector units (AVX2, AVX-512, AMX), cores in use and clocks, which no
+        portable query tells; an estimate from the core count would be a guess, so the cpu device has no MFU."""
+        return None
 
     def report(self) -> dict:
         return {"device": "cpu", "count": 1, "cores": os.cpu_count(), "threads": torch.get_num_threads()}

@@ -2,7 +2,9 @@
 
 Every ``metrics.jsonl`` under RUN_DIR is read (a resumed run appends to the same file, so
 its steps continue the curve). Metrics whose names end alike (``train/loss``, ``eval/loss``)
-share one panel. Needs matplotlib (``pip install matplotlib``).
+share one panel (telemetry's ``memory/rank0/peak_gib``, ``memory/rank1/peak_gib``: one panel for every rank's
+peak). ``--telemetry`` draws only telemetry's metrics (docs/telemetry.md). Needs matplotlib (``pip install
+matplotlib``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from pathlib import Path
 from torchbay.errors import TorchbayError
 
 INSTALL = "pip install matplotlib"
+#: the name prefixes of telemetry's metrics (torchbay.telemetry.monitor)
+TELEMETRY_PREFIXES = ("throughput/", "time/", "memory/", "flops/")
 
 
 def register(subparsers) -> None:
@@ -22,6 +26,8 @@ def register(subparsers) -> None:
                         "project_dir), or one metrics.jsonl file")
     parser.add_argument("-o", "--output", default=None, help="PNG to write (default: RUN_DIR/metrics.png)")
     parser.add_argument("--metrics", default=None, help="comma-separated metric names to draw (default: all)")
+    parser.add_argument("--telemetry", action="store_true", help="only telemetry's metrics (throughput, TFLOP/s, "
+                        "MFU, step and data-wait time, memory per rank)")
     parser.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     parser.add_argument("--title", default=None, help="figure title (default: the run names)")
     parser.set_defaults(func=plot_command)
@@ -64,6 +70,11 @@ def collect(run_dir: str, wanted: list[str] | None) -> tuple[dict[str, list[tupl
 def plot_command(args: argparse.Namespace) -> int:
     wanted = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
     series, files = collect(args.run_dir, wanted)
+    if args.telemetry:
+        series = {n: p for n, p in series.items() if n.split(":", 1)[-1].startswith(TELEMETRY_PREFIXES)}
+        if not series:
+            raise TorchbayError(f"torchbay plot --telemetry: no telemetry metrics under {args.run_dir}; turn "
+                                f"telemetry.enabled on (docs/telemetry.md)")
     root = Path(args.run_dir)
     output = Path(args.output) if args.output else (root.parent if root.is_file() else root) / "metrics.png"
     if output.exists() and not args.force:

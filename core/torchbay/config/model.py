@@ -200,6 +200,23 @@ class CompileSection(Section):
     options: dict[str, Any] = Field(default_factory=dict, description="backend options (torch.compile options=)")
 
 
+class TelemetrySection(Section):
+    """What training does, logged every N optimizer steps (torchbay.telemetry; docs/telemetry.md)."""
+
+    enabled: bool = Field(False, description="log throughput, TFLOP/s, MFU, step and data-wait time and memory per "
+                                             "rank through the trackers (off: nothing is measured)")
+    every_n_steps: int = Field(10, ge=1, description="optimizer steps per telemetry record")
+    count_flops: bool = Field(True, description="count the first step's FLOPs with torch's FlopCounterMode")
+    flops_per_step: Optional[float] = Field(None, gt=0, description="model FLOPs of one optimizer step on one "
+                                                                    "process, when you know them (no counting)")
+    peak_tflops: Optional[float] = Field(None, gt=0, description="the device's peak TFLOP/s for MFU, overriding "
+                                                                 "the device plugin's published figure")
+    memory_snapshot: bool = Field(False, description="record the device allocator's history and write its "
+                                                     "snapshot after the first step and on out-of-memory, for torch's "
+                                                     "viewer (where the device plugin can write one)")
+    memory_snapshot_entries: int = Field(100000, ge=1, description="allocator events the snapshot keeps")
+
+
 class CoreConfig(Section):
     """The core's part of the tree; plugin sections are added by :func:`config_model`."""
 
@@ -225,6 +242,7 @@ class CoreConfig(Section):
     plugins: LazySection[PluginsSection] = section_field(PluginsSection)
     tracking: LazySection[TrackingSection] = section_field(TrackingSection)
     compile: LazySection[CompileSection] = section_field(CompileSection)
+    telemetry: LazySection[TelemetrySection] = section_field(TelemetrySection)
 
 
 def env_values(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -140,9 +140,13 @@ class PreparedDataLoader(DataLoader, DataLoaderStateMixin):
             self.dataset.set_epoch(epoch)
 
     # -- one epoch ----------------------------------------------------------------------------
+    #: telemetry's ``watch(batches)`` when it is on (set by the Accelerator): it times the waits and counts batches
+    _batch_watch = None
+
     def __iter__(self):
         skip, self._pending_skip = self._pending_skip, 0
-        return self._iterate(skip + self.skip_batches)
+        batches = self._iterate(skip + self.skip_batches)
+        return batches if self._batch_watch is None else self._batch_watch(batches)
 
     def _epoch_iterator(self, skip: int):
         """The inner iterator, ``skip`` batches in (skipped by index where there are indices, else read)."""
@@ -214,6 +218,7 @@ class PreparedDataLoader(DataLoader, DataLoaderStateMixin):
         state = dict(self.__dict__)
         state.pop("_strategy", None)
         state.pop("gradient_state", None)
+        state.pop("_batch_watch", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

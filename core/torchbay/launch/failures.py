@@ -27,6 +27,8 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from torchbay.launch.flight_recorder import describe_dumps
+
 _FRAME_TB = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<func>.*)$')
 _FRAME_FH = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
 _STDLIB = sysconfig.get_paths().get("stdlib", "/nonexistent-stdlib")
@@ -320,5 +322,6 @@ def describe_failures(failures: Mapping[int, Any], plan, run_dir: str | None = N
         for s in folded:
             lines.append(f"  rank {s.rank}:")
             lines += ["  | " + line for line in clean_traceback(str(s.extra["py_callstack"])).splitlines()]
+    lines += describe_dumps(run_dir)  # the collective flight recorder's dumps, where a device plugin turned it on
     lines.append(f"every process of the job was stopped; exit code {code}")
     return "\n".join(lines), code

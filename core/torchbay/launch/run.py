@@ -17,6 +17,7 @@ from typing import Mapping
 
 from torchbay.errors import LaunchError
 from torchbay.launch.failures import describe_failures, describe_stacks
+from torchbay.launch.flight_recorder import DUMP_FILE_ENV, DUMP_ON_TIMEOUT_ENV, DUMP_PREFIX
 from torchbay.launch.plan import DEFAULT_STATIC_PORT, WORKER, LaunchPlan
 from torchbay.launch.worker import LAUNCHER_PID_ENV, RUN_DIR_ENV, collect_peer_stacks
 
@@ -61,6 +62,8 @@ def run_torchrun(plan: LaunchPlan, env: Mapping[str, str], target: str, target_a
     run_dir = tempfile.mkdtemp(prefix="torchbay-run-")
     os.environ.update(env)
     os.environ.update({RUN_DIR_ENV: run_dir, LAUNCHER_PID_ENV: str(os.getpid())})
+    if os.environ.get(DUMP_ON_TIMEOUT_ENV) == "1":  # a device plugin turned the flight recorder's dumps on
+        os.environ.setdefault(DUMP_FILE_ENV, os.path.join(run_dir, DUMP_PREFIX))  # read by the failure report
     quiet_elastic_reports()
     previous = _stop_signals_collect_stacks(run_dir, args)
     try:

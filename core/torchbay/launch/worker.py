@@ -344,6 +344,9 @@ def main() -> int:
         fast_exit(code, stop_own_children)
     except BaseException as exc:
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        running = sys.modules.get("torchbay.process.running")  # loaded by any Accelerator: else nothing to say
+        if running is not None:  # an out-of-memory error says what the memory held (telemetry/memory.py)
+            running.explain_oom(exc)
         recorded = record_failure(exc, time.time_ns(), code)
         collect_peer_stacks()
         record_exit(code)

@@ -22,6 +22,7 @@ _LAZY = {
     "RunContext": "torchbay.axes.context",
     # the axes a plugin implements
     "DeviceBackend": "torchbay.axes.device",
+    "flops_key": "torchbay.axes.device",  # the dtype keys of DeviceBackend.peak_flops (API 1.3)
     "Strategy": "torchbay.axes.strategy",
     "MemoryEstimate": "torchbay.axes.strategy",
     "optimizer_owners": "torchbay.axes.strategy",
@@ -73,8 +74,8 @@ __all__ = ["API_VERSION", "CheckpointError", "CheckpointIO", "ClusterEnvironment
            "GeneralTracker", "IncompatibleSetupError", "LaunchError", "LazyClass", "MESH_ORDER", "MemoryEstimate",
            "ParallelismConfig", "PluginError", "Precision", "PreparedScheduler", "RunContext", "Section",
            "StagingBuffer", "Strategy", "TorchbayError", "TrackerError", "add_section_options", "dcp_files_of_rank",
-           "dcp_load", "dcp_load_full", "default_config_file", "file_record", "flatten", "fsync_dir", "hookimpl",
-           "hparam_value", "library_version", "load_config_from_file", "optimizer_owners", "publish_model",
+           "dcp_load", "dcp_load_full", "default_config_file", "file_record", "flatten", "flops_key", "fsync_dir",
+           "hookimpl", "hparam_value", "library_version", "load_config_from_file", "optimizer_owners", "publish_model",
            "read_fragment", "read_manifest", "read_scalars", "remove_own_checkpoint", "safe_torch_load", "say",
            "split_scalars", "to_python"]
 
@@ -83,7 +84,7 @@ if TYPE_CHECKING:
     from torchbay.axes.checkpoint_io import CheckpointIO
     from torchbay.axes.cluster import ClusterEnvironment
     from torchbay.axes.context import RunContext
-    from torchbay.axes.device import DeviceBackend
+    from torchbay.axes.device import DeviceBackend, flops_key
     from torchbay.axes.precision import Precision
     from torchbay.axes.strategy import MemoryEstimate, Strategy, optimizer_owners
     from torchbay.checkpoint.async_save import StagingBuffer

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import sys
 import weakref
 from typing import Any
 
@@ -22,6 +23,31 @@ _owners: list[Any] = []
 
 def started(run: Any) -> None:
     _runs.add(run)
+    _explain_uncaught_oom()
+
+
+def explain_oom(exc: BaseException) -> None:
+    """Let every live run add its out-of-memory report to ``exc`` (each run adds it once, only to an OOM)."""
+    for run in list(_runs):
+        explain = getattr(run, "explain_oom", None)
+        if explain is not None:
+            with contextlib.suppress(Exception):
+                explain(exc)
+
+
+def _explain_uncaught_oom() -> None:
+    """An OOM that ends the program (raised in the user's forward, say) gets the report too: ``sys.excepthook``
+    adds it, then hands over to the hook that was there (installed once)."""
+    previous = sys.excepthook
+    if getattr(previous, "_torchbay_explains_oom", False):
+        return
+
+    def hook(kind, value, tb):
+        explain_oom(value)
+        previous(kind, value, tb)
+
+    hook._torchbay_explains_oom = True
+    sys.excepthook = hook
 
 
 def stopped(run: Any) -> None:

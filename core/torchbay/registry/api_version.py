@@ -14,7 +14,8 @@ History: 1.0 (round 3); 1.1 adds :class:`~torchbay.plugin.LazyClass` (a registra
 import path, so that a run that does not select it never imports it), ``StagingBuffer`` (the host copy an
 asynchronous save reuses) and ``Strategy.release_checkpoint_staging``; 1.2 adds ``load_config_from_file`` and
 ``default_config_file`` (Accelerate's config files as torchbay reads them, for an ``accelerate`` command a plugin
-serves: its accelerate.yaml's ``api: commands``).
+serves: its accelerate.yaml's ``api: commands``); 1.3 adds ``DeviceBackend.peak_flops(dtype)`` (the device's published
+peak, for telemetry's MFU; the base answers ``None``, unknown).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 #: (major, minor) of the plugin contract this torchbay implements
-API_VERSION = (1, 2)
+API_VERSION = (1, 3)
 #: the module attribute a plugin declares its version in
 DECLARATION = "TORCHBAY_PLUGIN_API"
 

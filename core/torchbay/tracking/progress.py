@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 from typing import Any
 
 LINE_INTERVAL_S = 30.0
 LINE_FRACTION_STEP = 0.1
+#: the bars made by :func:`progress_bar` that are still alive: telemetry shows tokens/s (or samples/s) on them
+LIVE_BARS: weakref.WeakSet = weakref.WeakSet()
 
 
 def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any):
@@ -28,7 +31,10 @@ def progress_bar(*args: Any, main_process_only: bool = True, **kwargs: Any):
     if main_process_only:
         local_main = int(os.environ.get("LOCAL_RANK", "0")) == 0
         kwargs["disable"] = kwargs.get("disable", False) or not local_main
-    return _bar_class(kwargs.get("file"))(*args, **kwargs)
+    bar = _bar_class(kwargs.get("file"))(*args, **kwargs)
+    if not bar.disable:
+        LIVE_BARS.add(bar)
+    return bar
 
 
 def _bar_class(stream: Any):

@@ -179,8 +179,21 @@ def test_cuda_on_rocm_uses_hip_visible_devices(pm, monkeypatch):
     mod = plugin("cuda")
     monkeypatch.setattr(torch.version, "hip", "6.2.0", raising=False)
     assert mod.CUDABackend.visible_devices_variable() == "HIP_VISIBLE_DEVICES"
-    assert mod.CUDABackend.worker_env(config_for(pm, "cuda", visible_devices="1"), 1) == {"HIP_VISIBLE_DEVICES": "1"}
+    env = mod.CUDABackend.worker_env(config_for(pm, "cuda", visible_devices="1"), 1)
+    assert env["HIP_VISIBLE_DEVICES"] == "1" and "CUDA_VISIBLE_DEVICES" not in env
     assert mod.CUDABackend.dist_backend() == "nccl"  # RCCL answers to nccl
+
+
+def test_cuda_turns_the_flight_recorder_on_unless_the_user_set_it(pm, monkeypatch):
+    cls = plugin("cuda").CUDABackend
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    env = cls.launch_env(2, config_for(pm, "cuda"))
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert int(env.get("TORCH_FR_BUFFER_SIZE", env.get("TORCH_NCCL_TRACE_BUFFER_SIZE", 0))) > 0
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "0")  # the user's choice stays
+    monkeypatch.setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
+    assert cls.launch_env(2, config_for(pm, "cuda")) == {}
 
 
 def test_cuda_counts_without_a_context_and_validates_processes_per_gpu(pm, monkeypatch):

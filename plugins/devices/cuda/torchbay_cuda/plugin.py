@@ -15,12 +15,24 @@ from typing import Any
 
 import torch
 
-from torchbay.plugin import DeviceBackend, hookimpl
+from torchbay.plugin import DeviceBackend, flops_key, hookimpl
+from torchbay_cuda.peaks import peak_flops_of
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
-TORCHBAY_PLUGIN_API = (1, 0)
+TORCHBAY_PLUGIN_API = (1, 3)
 
 NAME = "cuda"
+#: collectives each process group's flight recorder keeps (torch's ring buffer; a few hundred bytes each)
+FLIGHT_RECORDER_ENTRIES = 2000
+
+
+def _fr_named_generically() -> bool:
+    """Whether this torch reads ``TORCH_FR_BUFFER_SIZE`` (it warns on the older ``TORCH_NCCL_TRACE_BUFFER_SIZE``)."""
+    try:
+        from torch._C import _distributed_c10d
+    except ImportError:
+        return False
+    return hasattr(_distributed_c10d, "_dump_fr_trace")
 
 
 class CUDABackend(DeviceBackend):
@@ -107,10 +119,36 @@ class CUDABackend(DeviceBackend):
         return cls.dist_backend_name
 
     @classmethod
+    def launch_env(cls, local_world_size: int, config: Any = None) -> dict[str, str]:
+        """NCCL's flight recorder on: every process group keeps its last collectives, and on a collective timeout
+        every rank dumps them (``torchbay launch`` points the dumps into its run directory and its failure report
+        names the rank, collective and sequence number where the ranks diverged). A variable already set in the
+        environment is left as it is."""
+        buffer = "TORCH_FR_BUFFER_SIZE" if _fr_named_generically() else "TORCH_NCCL_TRACE_BUFFER_SIZE"
+        wanted = {buffer: str(FLIGHT_RECORDER_ENTRIES), "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+        if "TORCH_NCCL_TRACE_BUFFER_SIZE" in os.environ or "TORCH_FR_BUFFER_SIZE" in os.environ:
+            wanted.pop(buffer)
+        return {key: value for key, value in wanted.items() if key not in os.environ}
+
+    @classmethod
     def supports_autocast(cls, dtype: torch.dtype) -> bool:
         if dtype == torch.bfloat16 and torch.cuda.is_initialized():  # asking earlier would create a context
             return torch.cuda.is_bf16_supported(including_emulation=False)
         return super().supports_autocast(dtype)
+
+    def peak_flops(self, dtype: Any) -> float | None:
+        """The published dense peak of this GPU for ``dtype`` (torchbay_cuda.peaks, with its sources), by the
+        device's name; ``None`` for a GPU the table does not identify exactly."""
+        return peak_flops_of(torch.cuda.get_device_name(self.index), flops_key(dtype))
+
+    def record_memory_history(self, max_entries: int) -> bool:
+        """torch's CUDA allocator history (``torch.cuda.memory._record_memory_history``), for the snapshot."""
+        torch.cuda.memory._record_memory_history(max_entries=max_entries)
+        return True
+
+    def dump_memory_snapshot(self, path: str) -> bool:
+        torch.cuda.memory._dump_snapshot(path)
+        return True
 
     def report(self) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(self.index)

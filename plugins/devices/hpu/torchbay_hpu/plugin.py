@@ -28,10 +28,10 @@ from typing import Any, Optional
 import torch
 from pydantic import Field
 
-from torchbay.plugin import DeviceBackend, Section, hookimpl
+from torchbay.plugin import DeviceBackend, Section, flops_key, hookimpl
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
-TORCHBAY_PLUGIN_API = (1, 0)
+TORCHBAY_PLUGIN_API = (1, 3)  # 1.3: peak_flops
 
 NAME = "hpu"
 
@@ -43,6 +43,18 @@ class HPUSection(Section):
 def _hpu():
     """``habana_frameworks.torch.hpu`` (imported on first use)."""
     return importlib.import_module("habana_frameworks.torch.hpu")
+
+
+#: dense peak TFLOP/s of the Gaudi generations Intel publishes a figure for, by ``get_device_name``: Gaudi 3,
+#: Intel Gaudi 3 AI Accelerator white paper (2024): MME BF16 and FP8 1835 TFLOP/s. Gaudi and Gaudi 2 have no entry
+#: here until their figures are checked against Intel's datasheet: their MFU is absent, never guessed.
+GAUDI_PEAKS = {"GAUDI3": {"bf16": 1835.0, "fp8": 1835.0}}
+
+
+def gaudi_peak_flops(device_name: str, key: str | None) -> float | None:
+    """FLOP/s of a Gaudi device called ``device_name`` for the math ``key``, ``None`` when unknown."""
+    figures = GAUDI_PEAKS.get(device_name.strip().upper().replace(" ", ""), {})
+    return figures[key] * 1e12 if key in figures else None
 
 
 class HPUBackend(DeviceBackend):
@@ -139,6 +151,10 @@ class HPUBackend(DeviceBackend):
         if section is not None and section.lazy_mode is not None:
             return {"PT_HPU_LAZY_MODE": "1" if section.lazy_mode else "0"}
         return {}
+
+    def peak_flops(self, dtype: Any) -> float | None:
+        """Intel's published dense peak of this Gaudi for ``dtype`` (:data:`GAUDI_PEAKS`), else ``None``."""
+        return gaudi_peak_flops(str(_hpu().get_device_name(self.index)), flops_key(dtype))
 
     def report(self) -> dict[str, Any]:
         return {"device": str(self.device), "count": self.device_count(), "name": _hpu().get_device_name(self.index),

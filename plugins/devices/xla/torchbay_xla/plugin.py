@@ -29,10 +29,10 @@ from typing import Any, Literal, Optional
 import torch
 from pydantic import Field
 
-from torchbay.plugin import DeviceBackend, Section, hookimpl
+from torchbay.plugin import DeviceBackend, Section, flops_key, hookimpl
 
 #: the torchbay plugin API this plugin was written for (torchbay.plugin.API_VERSION)
-TORCHBAY_PLUGIN_API = (1, 2)  # 1.2: tpu_config reads Accelerate's config files
+TORCHBAY_PLUGIN_API = (1, 3)  # 1.2: tpu_config reads Accelerate's config files; 1.3: peak_flops
 
 NAME = "xla"
 
@@ -58,6 +58,19 @@ def pjrt_device() -> str | None:
 
 def _xm():
     return importlib.import_module("torch_xla.core.xla_model")
+
+
+#: dense bf16 peak TFLOP/s per chip by the runtime's device kind, from Google Cloud's TPU pages
+#: (cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e: "Peak compute per chip (bf16)"): v4 275, v5e 197, v5p 459,
+#: v6e (Trillium) 918. Other kinds and dtypes: unknown (no MFU).
+TPU_BF16_PEAKS = {"TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v5": 459.0, "TPU v5p": 459.0,
+                  "TPU v6 lite": 918.0, "TPU v6e": 918.0}
+
+
+def tpu_peak_flops(device_kind: str, key: str | None) -> float | None:
+    """FLOP/s of a TPU chip of ``device_kind`` (``"TPU v5 lite"``...) for the math ``key``, ``None`` when unknown."""
+    figure = TPU_BF16_PEAKS.get(device_kind.strip())
+    return figure * 1e12 if figure is not None and key == "bf16" else None
 
 
 class XLABackend(DeviceBackend):
@@ -176,6 +189,15 @@ class XLABackend(DeviceBackend):
     def wrap_dataloader(self, dataloader):
         loader_module = importlib.import_module("torch_xla.distributed.parallel_loader")
         return loader_module.MpDeviceLoader(dataloader, self.device)
+
+    def peak_flops(self, dtype: Any) -> float | None:
+        """Google's published bf16 peak of this TPU chip (:data:`TPU_BF16_PEAKS`), else ``None``."""
+        try:
+            runtime = importlib.import_module("torch_xla.runtime")
+            kind = str(runtime.global_runtime_device_attributes()[0].get("device_kind", ""))
+        except Exception:  # an older runtime without device attributes: unknown, not guessed
+            return None
+        return tpu_peak_flops(kind, flops_key(dtype))
 
     def report(self) -> dict[str, Any]:
         return {"device": str(self.device), "count": self.device_count(), "pjrt_device": pjrt_device()}

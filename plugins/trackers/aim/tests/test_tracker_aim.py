@@ -78,3 +78,15 @@ def test_two_processes_with_jsonl_and_resume(launches, tmp_path):
 def test_bad_settings_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="aim.system_tracking_interval"):
         Accelerator(project_dir=str(tmp_path), log_with="aim", config={"aim": {"system_tracking_interval": -1}})
+
+
+def test_telemetry_reaches_aim_with_its_names_and_steps(tmp_path):
+    from torchbay.testing import telemetry_run
+
+    telemetry_run.train(str(tmp_path), "aim")
+    (run,) = read(tmp_path / "logs" / "aim")
+    for name in telemetry_run.FIRST_STEP:
+        assert 1 in [step for step, _ in run["metrics"][name]], name
+    for name in telemetry_run.WINDOW:
+        assert 3 in [step for step, _ in run["metrics"][name]], name
+    assert "throughput/mfu" not in run["metrics"]

@@ -115,3 +115,16 @@ def test_inside_a_dvc_repository_nothing_is_said(tmp_path, monkeypatch, capsys):
     assert git_root_dvclive_sets_up(tmp_path / "a" / "b") == tmp_path
     (tmp_path / ".dvc").mkdir()
     assert git_root_dvclive_sets_up(tmp_path / "a" / "b") is None
+
+
+def test_telemetry_reaches_dvclive_with_its_names_and_steps(tmp_path, monkeypatch):
+    from torchbay.testing import telemetry_run
+
+    monkeypatch.chdir(tmp_path)  # outside any Git repository
+    telemetry_run.train(str(tmp_path), "dvclive")
+    metrics, _ = read(tmp_path / "logs" / "dvclive" / "telemetry")
+    for name in telemetry_run.FIRST_STEP:
+        assert 1 in [step for step, _ in metrics[name]], name
+    for name in telemetry_run.WINDOW:
+        assert 3 in [step for step, _ in metrics[name]], name
+    assert "throughput/mfu" not in metrics

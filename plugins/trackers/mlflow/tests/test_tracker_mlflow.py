@@ -73,3 +73,15 @@ def test_bad_settings_are_refused_before_training(tmp_path):
     with pytest.raises(Exception, match="takes run_name, tags, description, run_id and nested_run"):
         acc.init_trackers("p", init_kwargs={"mlflow": {"store": "x"}})
     acc.end_training()
+
+
+def test_telemetry_reaches_mlflow_with_its_names_and_steps(tmp_path):
+    from torchbay.testing import telemetry_run
+
+    acc = telemetry_run.train(str(tmp_path), "mlflow")
+    client, (run,) = runs_of(acc.get_tracker("mlflow").tracking_uri, "telemetry")
+    for name in telemetry_run.FIRST_STEP:
+        assert 1 in [step for step, _ in history(client, run, name)], name
+    for name in telemetry_run.WINDOW:
+        assert 3 in [step for step, _ in history(client, run, name)], name
+    assert "throughput/mfu" not in run.data.metrics

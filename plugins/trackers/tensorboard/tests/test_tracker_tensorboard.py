@@ -86,3 +86,15 @@ def test_its_own_logging_dir(tmp_path):
     acc.log({"x": 1.0})
     acc.end_training()
     assert read(tmp_path / "tb" / "r")[0] == {"x": [(0, 1.0)]}
+
+
+def test_telemetry_reaches_tensorboard_with_its_names_and_steps(tmp_path):
+    from torchbay.testing import telemetry_run
+
+    telemetry_run.train(str(tmp_path), "tensorboard")
+    scalars, _, _ = read(tmp_path / "logs" / "tensorboard" / "telemetry")
+    for name in telemetry_run.FIRST_STEP:
+        assert 1 in [step for step, _ in scalars[name]], name
+    for name in telemetry_run.WINDOW:
+        assert 3 in [step for step, _ in scalars[name]], name
+    assert "throughput/mfu" not in scalars  # the cpu's peak is unknown: absent, not 0

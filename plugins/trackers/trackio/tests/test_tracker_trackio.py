@@ -84,3 +84,16 @@ def test_bad_settings_are_refused(tmp_path):
 
     with pytest.raises(ConfigError, match="trackio.server_url"):
         Accelerator(project_dir=str(tmp_path), log_with="trackio", config={"trackio": {"server_url": "ftp://x"}})
+
+
+def test_telemetry_reaches_trackio_with_its_names_and_steps(tmp_path):
+    from torchbay.testing import telemetry_run
+
+    run_python(telemetry_run.__file__, ["--project-dir", str(tmp_path), "--log-with", "trackio"],
+               env={"HF_HUB_OFFLINE": "1"}, timeout=180).check()
+    (run,) = read(tmp_path / "logs" / "trackio", "telemetry")
+    for name in telemetry_run.FIRST_STEP:
+        assert 1 in [step for step, _ in series(run, name)], name
+    for name in telemetry_run.WINDOW:
+        assert 3 in [step for step, _ in series(run, name)], name
+    assert not series(run, "throughput/mfu")

@@ -77,3 +77,15 @@ def test_bad_settings_are_refused(tmp_path):
     with pytest.raises(Exception, match="wandb.logging_dir"):
         acc.init_trackers("p", init_kwargs={"wandb": {"dir": "/tmp"}})
     acc.end_training()
+
+
+def test_telemetry_reaches_wandb_with_its_names_and_steps(tmp_path):
+    from torchbay.testing import telemetry_run
+
+    telemetry_run.train(str(tmp_path), "wandb", config={"wandb": {"mode": "offline"}})
+    (record,) = offline_runs(tmp_path / "logs" / "wandb")
+    for name in telemetry_run.FIRST_STEP:
+        assert 1 in [step for step, _ in series(record, name)], name
+    for name in telemetry_run.WINDOW:
+        assert 3 in [step for step, _ in series(record, name)], name
+    assert not series(record, "throughput/mfu")
