@@ -6,7 +6,8 @@ parallelism contributes; that strategy builds the one named ``DeviceMesh`` and a
 each dimension. A strategy declares the dimensions it can build in
 ``Strategy.parallel_dims``; the selected strategy's ``check`` refuses the others.
 
-Dimensions, in mesh order (outermost first): ``dp_replicate`` (replicas, as DDP),
+Dimensions, in mesh order (outermost first): ``pp`` (pipeline stages: whole blocks of layers,
+:mod:`torchbay.distributed.pipeline_config`), ``dp_replicate`` (replicas, as DDP),
 ``dp_shard`` (sharded data parallel), ``cp`` (context parallel: the sequence), ``tp`` (tensor
 parallel: inside layers). Flattened: ``dp`` = dp_replicate x dp_shard (ranks with different
 data), ``dp_shard_cp`` = dp_shard x cp (what the model is sharded over), ``dp_cp`` = dp_replicate x
@@ -19,10 +20,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from torchbay.distributed.pipeline_config import DEFAULT_SCHEDULE, check_pipeline
 from torchbay.errors import ConfigError
 
 #: mesh dimensions in mesh order (outermost first)
-MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "tp")
+MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 #: the config section a strategy plugin that builds N-D parallelism contributes
 SECTION = "parallelism"
 CP_COMM_STRATEGIES = ("allgather", "alltoall")
@@ -84,6 +86,12 @@ class ParallelismConfig:
     - ``dp_replicate_size > 1`` with ``dp_shard_size > 1`` is HSDP.
     - ``tp_size`` / ``cp_size > 1`` with ``dp_replicate_size > 1`` needs ``dp_shard_size > 1``.
     - all sizes multiply to the number of processes (checked when the Accelerator starts).
+
+    Pipeline parallel (torchbay's fields; docs/parallelism.md): ``pp_size`` stages of whole blocks,
+    run by ``pp_schedule`` (GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble) over
+    ``pp_microbatches`` micro-batches per batch, ``pp_virtual_stages`` stages per rank for the
+    interleaved/V schedules, cut before the blocks ``pp_split_points`` names (else balanced by
+    parameter count).
     """
 
     dp_replicate_size: Optional[int] = None
@@ -97,11 +105,16 @@ class ParallelismConfig:
     cp_handler: Optional[TorchContextParallelConfig] = None
     sp_handler: Any = None
     tp_plan: Optional[dict] = None
+    pp_size: Optional[int] = None
+    pp_schedule: Optional[str] = None
+    pp_microbatches: Optional[int] = None
+    pp_virtual_stages: Optional[int] = None
+    pp_split_points: Optional[list] = None
     #: the mesh the selected strategy built (set when an Accelerator takes this config)
     device_mesh: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
-        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
+        for name in ("pp_size", "dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
             value = getattr(self, name)
             value = _from_env(name, 1, int) if value is None else value
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -123,6 +136,9 @@ class ParallelismConfig:
         if self.tp_plan is not None and not isinstance(self.tp_plan, dict):
             problems.append(f"ParallelismConfig(tp_plan={type(self.tp_plan).__name__}): give a mapping of module-name "
                             f"pattern to style, e.g. {{'blocks.*.up': 'colwise', 'blocks.*.down': 'rowwise'}}")
+        self.pp_schedule = self.pp_schedule or _from_env("pp_schedule", DEFAULT_SCHEDULE)
+        problems += check_pipeline(self.pp_size, self.pp_schedule, self.pp_microbatches, self.pp_virtual_stages,
+                                   "ParallelismConfig")
         if problems:
             raise ConfigError(problems)
         if self.tp_size > 1 and self.tp_handler is None:
@@ -138,7 +154,7 @@ class ParallelismConfig:
 
     @property
     def total_size(self) -> int:
-        return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size
+        return self.pp_size * self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size
 
     @property
     def data_parallel_size(self) -> int:
@@ -146,7 +162,7 @@ class ParallelismConfig:
 
     @property
     def non_data_parallel_size(self) -> int:
-        return self.tp_size * self.cp_size * self.sp_size
+        return self.pp_size * self.tp_size * self.cp_size * self.sp_size
 
     @property
     def dp_replicate_enabled(self) -> bool:
@@ -163,6 +179,10 @@ class ParallelismConfig:
     @property
     def cp_enabled(self) -> bool:
         return self.cp_size > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp_size > 1
 
     @property
     def sp_enabled(self) -> bool:
@@ -231,6 +251,9 @@ class ParallelismConfig:
             out[f"{SECTION}.cp_comm_strategy"] = self.cp_handler.cp_comm_strategy
         if self.tp_plan is not None:
             out[f"{SECTION}.tp_plan"] = dict(self.tp_plan)
+        for name in ("pp_schedule", "pp_microbatches", "pp_virtual_stages", "pp_split_points"):
+            if getattr(self, name) is not None and (self.pp_size > 1 or name != "pp_schedule"):
+                out[f"{SECTION}.{name}"] = getattr(self, name)
         return out
 
     @classmethod
@@ -238,7 +261,11 @@ class ParallelismConfig:
         """The object for a resolved ``parallelism`` section."""
         return cls(**{f"{n}_size": getattr(section, f"{n}_size", 1) or 1 for n in MESH_ORDER},
                    cp_handler=TorchContextParallelConfig(getattr(section, "cp_comm_strategy", "allgather")),
-                   tp_plan=getattr(section, "tp_plan", None) or None)
+                   tp_plan=getattr(section, "tp_plan", None) or None,
+                   pp_schedule=getattr(section, "pp_schedule", None),
+                   pp_microbatches=getattr(section, "pp_microbatches", None),
+                   pp_virtual_stages=getattr(section, "pp_virtual_stages", None),
+                   pp_split_points=getattr(section, "pp_split_points", None) or None)
 
     def get_device_mesh(self, device_type: Optional[str] = None):
         """The mesh of this config: the one the selected strategy built (``accelerator.torch_device_mesh``), else

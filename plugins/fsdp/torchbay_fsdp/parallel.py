@@ -1,8 +1,8 @@
 """The N-D device mesh of ``strategy: fsdp``: sizes from the ``parallelism`` section, checks
 before any process group, and one named ``DeviceMesh`` built on the selected device.
 
-Mesh dimensions, outermost first: ``dp_replicate``, ``dp_shard``, ``cp``, ``tp`` (only those
-of size > 1; a one-process run has ``dp_shard`` of size 1). Flattened, as Accelerate builds them:
+Mesh dimensions, outermost first: ``pp`` (pipeline stages), ``dp_replicate``, ``dp_shard``, ``cp``, ``tp`` (only those
+of size > 1; a one-process run, or a pipeline without data parallel, has ``dp_shard`` of size 1). Flattened, as Accelerate builds them:
 ``dp`` (dp_replicate x dp_shard: ranks that read different data), ``dp_shard_cp`` (what
 FSDP shards over), ``dp_cp`` (what the loss is averaged over).
 """
@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from torchbay.distributed.pipeline_config import check_pipeline
 from torchbay.plugin import MESH_ORDER
 from torchbay_fsdp.tensor_parallel import check_styles
 
@@ -21,17 +22,18 @@ WHERE = "parallelism"
 
 
 def sizes_of(section: Any, world_size: int) -> dict[str, int]:
-    """Each dimension's size; all 1 means FSDP over every process (``dp_shard`` = world size)."""
+    """Each dimension's size; all 1 means FSDP over every process (``dp_shard`` = world size), and with
+    ``pp_size`` alone, over the processes of each stage (``dp_shard`` = world size / pp_size)."""
     sizes = {name: int(getattr(section, f"{name}_size", 1) or 1) for name in MESH_ORDER}
-    if all(size == 1 for size in sizes.values()):
-        sizes["dp_shard"] = max(world_size, 1)
+    if all(size == 1 for name, size in sizes.items() if name != "pp"):
+        sizes["dp_shard"] = max(world_size // sizes["pp"], 1)
     return sizes
 
 
 def check(config: Any, world_size: int, device_type: str) -> list[str]:
     """Problems with the ``parallelism`` section for ``strategy: fsdp`` (no process group, no model)."""
     section = getattr(config, WHERE)
-    explicit = any(getattr(section, f"{n}_size") > 1 for n in MESH_ORDER)
+    explicit = any(getattr(section, f"{n}_size") > 1 for n in MESH_ORDER if n != "pp")
     sizes = sizes_of(section, world_size)
     problems: list[str] = []  # that the sizes multiply to the world size: Strategy.check_parallel_dims
     s = config.fsdp
@@ -53,6 +55,11 @@ def check(config: Any, world_size: int, device_type: str) -> list[str]:
         problems.append(f"fsdp.cpu_ram_efficient_loading with {WHERE}.tp_size {sizes['tp']} is not supported; build "
                         f"the model on every rank (set cpu_ram_efficient_loading: false)")
     problems += check_styles(section.tp_plan, f"{WHERE}.tp_plan")
+    problems += check_pipeline(sizes["pp"], section.pp_schedule, section.pp_microbatches, section.pp_virtual_stages,
+                               WHERE)
+    if sizes["pp"] > 1 and world_size % sizes["pp"]:
+        problems.append(f"{WHERE}.pp_size {sizes['pp']} does not divide the {world_size} processes; launch a multiple "
+                        f"of pp_size processes")
     return problems
 
 
@@ -62,7 +69,8 @@ def _torch_version() -> str:
 
 def mesh_dims(sizes: dict[str, int]) -> tuple[str, ...]:
     """The mesh's own dimensions: those of size > 1, in mesh order (``dp_shard`` of one process alone)."""
-    return tuple(n for n in MESH_ORDER if sizes[n] > 1) or ("dp_shard",)
+    pipeline = sizes.get("pp", 1) > 1  # FSDP shards each stage over dp_shard, even of size 1
+    return tuple(n for n in MESH_ORDER if sizes[n] > 1 or (pipeline and n == "dp_shard")) or ("dp_shard",)
 
 
 def flattened(sizes: dict[str, int]) -> dict[str, list[str]]:

@@ -13,6 +13,7 @@ import json
 
 import torch
 
+from torchbay.distributed.pipeline_config import SCHEDULES
 from torchbay.plugin import LazyClass, add_section_options, hookimpl
 from torchbay_fsdp import __version__
 from torchbay_fsdp.config import FSDPConfig, ParallelismSection
@@ -57,6 +58,11 @@ _PARALLEL_FLAGS = {
     "--cp-size": ("cp_size", {"type": int}),
     "--cp-comm-strategy": ("cp_comm_strategy", {"choices": ["allgather", "alltoall"]}),
     "--tp-plan": ("tp_plan", {"type": _tp_plan, "metavar": "PATTERN=STYLE[,...]"}),
+    "--pp-size": ("pp_size", {"type": int}),
+    "--pp-schedule": ("pp_schedule", {"choices": list(SCHEDULES)}),
+    "--pp-microbatches": ("pp_microbatches", {"type": int}),
+    "--pp-virtual-stages": ("pp_virtual_stages", {"type": int}),
+    "--pp-split-points": ("pp_split_points", {"metavar": "BLOCK[,BLOCK...]"}),
 }
 
 
@@ -95,6 +101,6 @@ def torchbay_add_commands(subparsers):
 @hookimpl
 def torchbay_report_env():
     return {"fsdp": f"torchbay-fsdp {__version__}: FSDP2 (fully_shard) with torch {torch.__version__}; "
-                    f"FSDP1 needs an accelerator; N-D parallelism: dp_replicate (HSDP), dp_shard, tp, cp "
-                    f"(cp needs an accelerator)"}
+                    f"FSDP1 needs an accelerator; N-D parallelism: pp (torch.distributed.pipelining: "
+                    f"{', '.join(SCHEDULES)}), dp_replicate (HSDP), dp_shard, tp, cp (cp needs an accelerator)"}
 

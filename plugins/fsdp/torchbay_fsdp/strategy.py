@@ -18,6 +18,7 @@ from torchbay.errors import TorchbayError
 from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy
 from torchbay_fsdp import parallel
 from torchbay_fsdp.checkpoint import FSDPCheckpoint
+from torchbay_fsdp.pipeline.wrap import PipelineWrapping, check_pipeline_combination
 from torchbay_fsdp.tensor_parallel import model_plan, resolve_plan, style_kind
 from torchbay_fsdp.wrap import FSDPWrapping
 
@@ -28,13 +29,13 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
+class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
     """Shard parameters, gradients and optimizer state across the processes."""
 
     name = "fsdp"
     handles_accumulation = False
     needs_process_group = True  # the device mesh needs one, even for one process
-    parallel_dims = ("dp_replicate", "dp_shard", "cp", "tp")  # the parallelism section (docs/parallelism.md)
+    parallel_dims = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # the parallelism section (docs/parallelism.md)
 
     # -- validation (no process group, no fsdp import) --------------------------------
     @classmethod
@@ -43,6 +44,7 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
         s = context.config.fsdp
         device = context.device_backend_cls.torch_type() if context.device_backend_cls else "cpu"
         problems += parallel.check(context.config, context.cluster.world_size(), device)
+        problems += check_pipeline_combination(context.config, device)
         if s.version == 1 and device == "cpu":
             problems.append("fsdp.version 1 (FullyShardedDataParallel) needs an accelerator (cuda, xpu, npu, hpu...) "
                             "and this run uses device 'cpu'; use fsdp.version: 2 (fully_shard runs on cpu/gloo), "
@@ -228,9 +230,11 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
             for group in groups.values():
                 norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type)
                 norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # partial: reduce over shards
-        if not norms:
+        if not norms and not self.pipeline_enabled:
             return torch.tensor(0.0)
-        total = norms[0] if len(norms) == 1 else torch.nn.utils.get_total_norm(norms, norm_type)
+        total = (torch.tensor(0.0) if not norms else norms[0] if len(norms) == 1
+                 else torch.nn.utils.get_total_norm(norms, norm_type))
+        total = self.pipeline_total_norm(total, norm_type)  # pp: over the stages of every pp rank
         for group in groups.values():
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
