@@ -37,7 +37,7 @@ def check(config: Any, world_size: int, device_type: str) -> list[str]:
     sizes = sizes_of(section, world_size)
     problems: list[str] = []  # that the sizes multiply to the world size: Strategy.check_parallel_dims
     s = config.fsdp
-    if explicit and sizes["dp_shard"] == 1 and sizes["cp"] == 1:
+    if explicit and sizes["dp_shard"] == 1 and sizes["cp"] == 1 and sizes["pp"] == 1:
         problems.append(f"{WHERE}: strategy fsdp shards over dp_shard x cp, but dp_shard_size and cp_size are both 1 "
                         f"({' x '.join(f'{n}_size {v}' for n, v in sizes.items() if v > 1)}); set dp_shard_size > 1"
                         + (" (use strategy: ddp for replicas only)" if sizes["dp_replicate"] > 1 else ""))

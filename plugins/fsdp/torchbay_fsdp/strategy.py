@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchbay.errors import TorchbayError
+from torchbay.distributed.parallelism_config import parallel_sizes
 from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy
 from torchbay_fsdp import parallel
 from torchbay_fsdp.checkpoint import FSDPCheckpoint
@@ -44,7 +45,7 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
         s = context.config.fsdp
         device = context.device_backend_cls.torch_type() if context.device_backend_cls else "cpu"
         problems += parallel.check(context.config, context.cluster.world_size(), device)
-        problems += check_pipeline_combination(context.config, device)
+        problems += check_pipeline_combination(context.config, context.cluster.world_size())
         if s.version == 1 and device == "cpu":
             problems.append("fsdp.version 1 (FullyShardedDataParallel) needs an accelerator (cuda, xpu, npu, hpu...) "
                             "and this run uses device 'cpu'; use fsdp.version: 2 (fully_shard runs on cpu/gloo), "
@@ -68,6 +69,13 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
                             f"{context.config.mixed_precision}; set fsdp.param_dtype: auto")
         return problems
 
+    @classmethod
+    def check_parallel_dims(cls, context: RunContext) -> list[str]:
+        sizes = parallel_sizes(context.config)
+        if sizes["pp"] > 1 and all(v == 1 for n, v in sizes.items() if n != "pp"):
+            return []  # dp_shard takes the other processes (parallel.sizes_of; parallel.check: pp divides them)
+        return super().check_parallel_dims(context)
+
     # -- process group ------------------------------------------------------------------
     def __init__(self, context: RunContext):
         super().__init__(context)
@@ -89,6 +97,18 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
         sizes = parallel.sizes_of(getattr(config, "parallelism", None), max(world_size, 1))
         shard, tp = sizes["dp_shard"] * sizes["cp"], sizes["tp"]
         n, trainable = counts["parameters"], counts.get("trainable", counts["parameters"])
+        stage_note = ""
+        if sizes["pp"] > 1 and getattr(config, "mixed_precision", "no") == "fp16":
+            from torchbay.errors import IncompatibleSetupError
+
+            raise IncompatibleSetupError(["pipeline parallel with fp16: the loss scaler cannot scale inside the "
+                                          "schedule; use bf16"])
+        if "pp_rank_max" in counts:  # pipeline: the rank holding the most parameters (memory_counts)
+            ratio = trainable / n if n else 1.0
+            n = counts["pp_rank_max"]
+            trainable = int(n * ratio)
+            stage_note = "pp: largest stage; per pp rank " + " / ".join(
+                f"{counts[f'pp_rank_{r}']:,}" for r in range(sizes["pp"]) if f"pp_rank_{r}" in counts) + " params"
         split = min(counts.get("tp_split", n), n) if tp > 1 else 0
 
         def per_rank(numel: int, nbytes: int) -> int:
@@ -98,6 +118,7 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
         note = ""
         if tp > 1 and "tp_split" not in counts:
             note = "no tp plan known: every parameter counted as tp-split, a lower bound"
+        note = "; ".join(filter(None, (stage_note, note)))
         factor = shard * tp if split == n else shard
         return MemoryEstimate(parameters=per_rank(n, 4), gradients=per_rank(trainable, 4),
                               optimizer=per_rank(trainable, 8), sharding_factor=factor, note=note)
@@ -106,6 +127,10 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
     def memory_counts(cls, config, model: torch.nn.Module) -> dict[str, int]:
         """``tp_split``: parameters of ``model`` the tensor-parallel plan splits (tp_size > 1)."""
         tp = config.parallelism.tp_size
+        if config.parallelism.pp_size > 1:
+            from torchbay_fsdp.pipeline.split import memory_counts
+
+            return memory_counts(config.parallelism, model)  # (pp with tp is refused)
         if tp == 1:
             return {}
         plan, where = config.parallelism.tp_plan, "parallelism.tp_plan"

@@ -26,6 +26,7 @@ RUNS = {
     "zbv": dict(pp_size=2, pp_schedule="ZBVZeroBubble", pp_microbatches=4),
     "split_points": dict(pp_size=2, pp_schedule="1F1B", pp_microbatches=2, pp_split_points=["blocks.1"]),
     "pp2_dp2": dict(pp_size=2, dp_shard_size=2, pp_schedule="1F1B", pp_microbatches=2),
+    "pp2_ddp2": dict(pp_size=2, dp_replicate_size=2, pp_schedule="GPipe", pp_microbatches=2),
 }
 
 

@@ -166,3 +166,26 @@ def _ranges_from_points(points: list[str], blocks: str, n: int, num_stages: int,
                           f"by parameter count")
     bounds = [0] + starts + [n]
     return [(bounds[i], bounds[i + 1]) for i in range(num_stages)]
+
+
+def stage_parameter_counts(model: torch.nn.Module, plan: SplitPlan) -> list[int]:
+    """Parameters each stage of ``plan`` holds (a model on the meta device works)."""
+    counts = [0] * plan.num_stages
+    for name, p in model.named_parameters():
+        owners = [s for s in range(plan.num_stages) if plan.owns(s, name)]
+        for s in owners:
+            counts[s] += p.numel()
+    return counts
+
+
+def memory_counts(section, model: torch.nn.Module) -> dict[str, int]:
+    """``torchbay estimate-memory``'s counts for a pipeline: each rank's parameters (``pp_rank_<r>``: the stages
+    it holds) and the largest (``pp_rank_max``)."""
+    from torchbay_fsdp.pipeline.schedule import stage_indices
+
+    pp, schedule, virtual = section.pp_size, section.pp_schedule, section.pp_virtual_stages
+    held = [stage_indices(schedule, r, pp, virtual) for r in range(pp)]
+    plan = plan_split(model, pp * len(held[0]), list(section.pp_split_points) or None)
+    per_stage = stage_parameter_counts(model, plan)
+    per_rank = [sum(per_stage[s] for s in stages) for stages in held]
+    return {**{f"pp_rank_{r}": n for r, n in enumerate(per_rank)}, "pp_rank_max": max(per_rank)}

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from torchbay.errors import ConfigError
-from torchbay_fsdp.parallel import sub_mesh
+from torchbay_fsdp.parallel import sizes_of, sub_mesh
 from torchbay_fsdp.pipeline.model import PipelineModel
 from torchbay_fsdp.pipeline.schedule import build_eval_schedule, build_schedule, microbatches, stage_indices
 from torchbay_fsdp.pipeline.split import plan_split
@@ -25,13 +25,20 @@ if TYPE_CHECKING:  # pragma: no cover
     from torchbay.plugin import DeviceBackend, RunContext
 
 
-def check_pipeline_combination(config: Any, device_type: str) -> list[str]:
+def check_pipeline_combination(config: Any, world_size: int) -> list[str]:
     """What pipeline parallel cannot be combined with (no process group, no model)."""
     section, s = config.parallelism, config.fsdp
     if section.pp_size == 1:
         return []
     problems = []
     where = f"parallelism.pp_size {section.pp_size}"
+    sizes = sizes_of(section, world_size)
+    if "ZeroBubble" in section.pp_schedule and sizes["dp_shard"] * sizes["dp_replicate"] > 1:
+        problems.append(f"parallelism.pp_schedule {section.pp_schedule} with data parallel (dp_shard x dp_replicate = "
+                        f"{sizes['dp_shard'] * sizes['dp_replicate']}): torch {torch.__version__.split('+')[0]}'s "
+                        f"zero-bubble schedules compute weight gradients after FSDP2 has taken them for reduction, "
+                        f"which gives wrong gradients; use Interleaved1F1B or 1F1B with data parallel, or run the "
+                        f"zero-bubble schedule on pp_size processes alone")
     if s.version == 1:
         problems.append(f"{where} needs fsdp.version 2 (each stage is sharded with fully_shard); set fsdp.version: 2")
     if section.tp_size > 1 or section.cp_size > 1:
