@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from torchbay.distributed.pipeline_config import DEFAULT_SCHEDULE, SCHEDULES
-
 from pydantic import Field
 
+from torchbay.distributed.pipeline_config import DEFAULT_SCHEDULE, SCHEDULES
 from torchbay.plugin import Section
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -78,8 +77,8 @@ class ParallelismSection(Section):
     pp_microbatches: Optional[int] = Field(
         None, ge=1, description="micro-batches each batch is cut into for the pipeline; unset: the number of stages")
     pp_virtual_stages: Optional[int] = Field(
-        None, ge=1, description="stages per rank (Interleaved1F1B, InterleavedZeroBubble: 2 or more; ZBVZeroBubble: 2); "
-                                "unset: 2 for those, 1 otherwise")
+        None, ge=1, description="stages per rank (Interleaved1F1B, InterleavedZeroBubble: 2 or more; "
+                                "ZBVZeroBubble: 2); unset: 2 for those, 1 otherwise")
     pp_split_points: list[str] = Field(
         default_factory=list, description="blocks that start a new stage (e.g. [layers.4, layers.8]); empty: balanced "
                                           "by parameter count")

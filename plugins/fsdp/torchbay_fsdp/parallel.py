@@ -1,8 +1,9 @@
 """The N-D device mesh of ``strategy: fsdp``: sizes from the ``parallelism`` section, checks
 before any process group, and one named ``DeviceMesh`` built on the selected device.
 
-Mesh dimensions, outermost first: ``pp`` (pipeline stages), ``dp_replicate``, ``dp_shard``, ``cp``, ``tp`` (only those
-of size > 1; a one-process run, or a pipeline without data parallel, has ``dp_shard`` of size 1). Flattened, as Accelerate builds them:
+Mesh dimensions, outermost first: ``pp`` (pipeline stages), ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``
+(only those of size > 1; a one-process run, or a pipeline without data parallel, has ``dp_shard`` of
+size 1). Flattened, as Accelerate builds them:
 ``dp`` (dp_replicate x dp_shard: ranks that read different data), ``dp_shard_cp`` (what
 FSDP shards over), ``dp_cp`` (what the loss is averaged over).
 """

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchbay.errors import TorchbayError
 from torchbay.distributed.parallelism_config import parallel_sizes
+from torchbay.errors import IncompatibleSetupError, TorchbayError
 from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy
 from torchbay_fsdp import parallel
 from torchbay_fsdp.checkpoint import FSDPCheckpoint
+from torchbay_fsdp.pipeline.split import memory_counts as pipeline_memory_counts
 from torchbay_fsdp.pipeline.wrap import PipelineWrapping, check_pipeline_combination
 from torchbay_fsdp.tensor_parallel import model_plan, resolve_plan, style_kind
 from torchbay_fsdp.wrap import FSDPWrapping
@@ -99,8 +100,6 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
         n, trainable = counts["parameters"], counts.get("trainable", counts["parameters"])
         stage_note = ""
         if sizes["pp"] > 1 and getattr(config, "mixed_precision", "no") == "fp16":
-            from torchbay.errors import IncompatibleSetupError
-
             raise IncompatibleSetupError(["pipeline parallel with fp16: the loss scaler cannot scale inside the "
                                           "schedule; use bf16"])
         if "pp_rank_max" in counts:  # pipeline: the rank holding the most parameters (memory_counts)
@@ -128,9 +127,7 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
         """``tp_split``: parameters of ``model`` the tensor-parallel plan splits (tp_size > 1)."""
         tp = config.parallelism.tp_size
         if config.parallelism.pp_size > 1:
-            from torchbay_fsdp.pipeline.split import memory_counts
-
-            return memory_counts(config.parallelism, model)  # (pp with tp is refused)
+            return pipeline_memory_counts(config.parallelism, model)  # (pp with tp is refused)
         if tp == 1:
             return {}
         plan, where = config.parallelism.tp_plan, "parallelism.tp_plan"

@@ -12,9 +12,8 @@ import os
 import sys
 
 import torch
-from pipeline_common import GLOBAL_BATCH, LR, K, S, dataset, loss_fn, make_model, max_diff, reference, write_json
-
 from parallel_common import local_param_bytes
+from pipeline_common import GLOBAL_BATCH, LR, K, S, dataset, loss_fn, make_model, max_diff, reference, write_json
 
 from torchbay import Accelerator, ParallelismConfig
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from torchbay.errors import ConfigError
+from torchbay_fsdp.pipeline.schedule import stage_indices
 
 
 @dataclass(frozen=True)
@@ -181,8 +182,6 @@ def stage_parameter_counts(model: torch.nn.Module, plan: SplitPlan) -> list[int]
 def memory_counts(section, model: torch.nn.Module) -> dict[str, int]:
     """``torchbay estimate-memory``'s counts for a pipeline: each rank's parameters (``pp_rank_<r>``: the stages
     it holds) and the largest (``pp_rank_max``)."""
-    from torchbay_fsdp.pipeline.schedule import stage_indices
-
     pp, schedule, virtual = section.pp_size, section.pp_schedule, section.pp_virtual_stages
     held = [stage_indices(schedule, r, pp, virtual) for r in range(pp)]
     plan = plan_split(model, pp * len(held[0]), list(section.pp_split_points) or None)

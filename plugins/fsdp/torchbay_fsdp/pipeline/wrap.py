@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import math
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -62,8 +62,12 @@ class PipelineWrapping:
     device_mesh: Any
     settings: Any
     rank: int
+    mesh: Any  # the mesh FSDP shards each stage over
     _param_map: dict
     _roots: list
+    _optimizers: list
+    _blocks: Callable[[torch.nn.Module], list]  # FSDPWrapping's: the blocks that become FSDP units
+    _wrap_fsdp2: Callable[[torch.nn.Module, list], torch.nn.Module]
 
     @property
     def pipeline_enabled(self) -> bool:
