@@ -30,15 +30,16 @@ sys.path.insert(0, SCRIPTS)
 import pipeline_common as common  # noqa: E402
 
 TWO = ["gpipe", "1f1b", "interleaved", "zero_bubble", "zbv", "split_points"]
+META = "meta_init"
 FOUR = ["pp2_dp2", "pp2_ddp2"]
 
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
     out = tmp_path_factory.mktemp("pp2")
-    run_torchrun(os.path.join(SCRIPTS, "pipeline_train.py"), 2, ["--out", str(out), "--runs", ",".join(TWO)],
+    run_torchrun(os.path.join(SCRIPTS, "pipeline_train.py"), 2, ["--out", str(out), "--runs", ",".join(TWO + [META])],
                  timeout=400).check()
-    return {name: json.loads((out / f"result_{name}.json").read_text()) for name in TWO}
+    return {name: json.loads((out / f"result_{name}.json").read_text()) for name in TWO + [META]}
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +85,26 @@ def test_each_rank_holds_its_stages_parameters_under_the_models_names(two):
     split_first, _ = two["split_points"]["names"]  # pp_split_points ["blocks.1"]: stage 0 is block 0 alone
     assert {n.split(".")[1] for n in split_first if n.startswith("blocks.")} == {"0"}
     assert two["split_points"]["param_bytes"][0] < two["split_points"]["param_bytes"][1]
+
+
+@pytest.mark.multiprocess
+def test_a_model_built_on_the_meta_device_is_materialised_stage_by_stage(two):
+    got = two[META]
+    assert got["on_meta"] == [[], []]  # every tensor a rank holds is real; the other stages' never were
+    assert got["param_bytes"] == two["1f1b"]["param_bytes"]
+    assert all(loss == loss and 0 < loss < 10 for loss in got["losses"]) and len(got["losses"]) == common.K
+
+
+@pytest.mark.multiprocess
+def test_a_hugging_face_llama_at_pp2_matches_a_single_process(tmp_path):
+    pytest.importorskip("transformers")
+    run_torchrun(os.path.join(SCRIPTS, "pipeline_hf.py"), 2, ["--out", str(tmp_path)], timeout=400).check()
+    got = json.loads((tmp_path / "result_hf.json").read_text())
+    torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(got["reference_losses"]), atol=ATOL, rtol=0)
+    assert got["weights_max_diff"] <= ATOL, got["weights_max_diff"]
+    first, last = got["names"]
+    assert "model.embed_tokens.weight" in first and "lm_head.weight" in last and "model.norm.weight" in last
+    assert not set(first) & set(last)
 
 
 @pytest.mark.multiprocess

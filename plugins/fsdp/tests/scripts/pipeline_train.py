@@ -23,6 +23,7 @@ RUNS = {
     "interleaved": dict(pp_size=2, pp_schedule="Interleaved1F1B", pp_microbatches=4),
     "zero_bubble": dict(pp_size=2, pp_schedule="InterleavedZeroBubble", pp_microbatches=4),
     "zbv": dict(pp_size=2, pp_schedule="ZBVZeroBubble", pp_microbatches=4),
+    "meta_init": dict(pp_size=2, pp_schedule="GPipe", pp_microbatches=2),
     "split_points": dict(pp_size=2, pp_schedule="1F1B", pp_microbatches=2, pp_split_points=["blocks.1"]),
     "pp2_dp2": dict(pp_size=2, dp_shard_size=2, pp_schedule="1F1B", pp_microbatches=2),
     "pp2_ddp2": dict(pp_size=2, dp_replicate_size=2, pp_schedule="GPipe", pp_microbatches=2),
@@ -35,9 +36,15 @@ def run(name: str, out: str) -> dict:
                       config={"fsdp": {"transformer_layer_cls_to_wrap": ["Block"]}})
     dp = acc.strategy.data_parallel_size
     loader = torch.utils.data.DataLoader(dataset(K), batch_size=GLOBAL_BATCH // dp)
-    model = make_model()
+    if name == "meta_init":  # built without memory; each rank materialises its stage only
+        with torch.device("meta"):
+            model = make_model()
+    else:
+        model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     model, opt, loader = acc.prepare(model, opt, loader)
+    if name == "meta_init":
+        return meta_init_result(acc, model, opt, loader)
     names = acc.strategy.all_gather_object(sorted(n for n, _ in model.named_parameters()))
     param_bytes = acc.gather(torch.tensor([local_param_bytes(model)])).tolist()
     losses, norms = [], []
@@ -68,6 +75,19 @@ def run(name: str, out: str) -> dict:
             torch.save(state, os.path.join(out, "uninterrupted.pt"))
     result["reference_eval_loss"] = _reference_eval(ref_state, tokens)
     return result
+
+
+def meta_init_result(acc, model, opt, loader) -> dict:
+    on_meta = acc.strategy.all_gather_object([n for n, t in model.state_dict().items() if t.is_meta])
+    losses = []
+    for _, tokens in loader:
+        loss = acc.pipeline_loss(model, tokens[:, :-1], tokens[:, 1:], loss_fn)
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"on_meta": on_meta, "losses": losses, "param_bytes": acc.gather(
+        torch.tensor([local_param_bytes(model)])).tolist()}
 
 
 def _reference_eval(state, tokens) -> float:
