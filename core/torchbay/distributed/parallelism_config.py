@@ -246,7 +246,8 @@ class ParallelismConfig:
     # -- torchbay config ------------------------------------------------------------------------
     def to_config(self) -> dict[str, Any]:
         """Dotted values of the ``parallelism`` config section (``Accelerator(parallelism_config=...)``)."""
-        out: dict[str, Any] = {f"{SECTION}.{name}_size": size for name, size in self.sizes.items()}
+        out: dict[str, Any] = {f"{SECTION}.{name}_size": size for name, size in self.sizes.items()
+                               if name != "pp" or size > 1}
         if self.cp_handler is not None:
             out[f"{SECTION}.cp_comm_strategy"] = self.cp_handler.cp_comm_strategy
         if self.tp_plan is not None:

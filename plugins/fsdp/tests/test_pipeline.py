@@ -29,7 +29,7 @@ sys.path.insert(0, SCRIPTS)
 
 import pipeline_common as common  # noqa: E402
 
-TWO = ["gpipe", "1f1b", "interleaved", "zero_bubble", "zbv", "split_points"]
+TWO = ["gpipe", "1f1b", "interleaved", "zero_bubble", "zbv", "split_points", "accumulate"]
 META = "meta_init"
 FOUR = ["pp2_dp2", "pp2_ddp2"]
 
@@ -58,6 +58,7 @@ def _check_matches_reference(got: dict) -> None:
     assert got["weights_max_diff"] <= ATOL, got["weights_max_diff"]
     assert got["state_keys_in_order"]  # get_state_dict: the full model, its own names, in its order
     assert abs(got["eval_loss"] - got["reference_eval_loss"]) <= ATOL  # forward only (model.eval(), no_grad)
+    assert [i for ids in got["gathered_for_metrics"] for i in ids] == list(range(common.K * common.GLOBAL_BATCH))
 
 
 @pytest.mark.multiprocess
@@ -136,6 +137,22 @@ def test_resume_at_pp2_dp2_is_exact_and_the_checkpoint_reshards_to_one_process_a
     assert one["weights_max_diff"] <= ATOL and one["uninterrupted_same_keys"]
     back = _resume(out, 4, "pp2_dp2", "--ckpt", str(out / "one_ckpt"))
     assert back["weights_max_diff"] <= ATOL and back["uninterrupted_same_keys"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("run,folder", [("pp2_dp2", "ckpt"), ("pp2_ddp2", "ckpt_async")])
+def test_merge_weights_writes_the_full_model_of_a_pipeline_checkpoint(four, run, folder):
+    """pp2_ddp2 saved with save_state(blocking=False)."""
+    from safetensors.torch import load_file
+
+    from torchbay.cli.main import main
+
+    out, _ = four
+    assert main(["merge-weights", str(out / folder), str(out / f"{folder}_merged")]) == 0
+    merged = load_file(str(out / f"{folder}_merged" / "model.safetensors"))
+    expected = torch.load(out / f"{run}_weights_at_S.pt", weights_only=True)
+    assert set(merged) == set(expected) and all(torch.equal(merged[k], expected[k]) for k in expected)
+    common.make_model().load_state_dict(merged)  # loads into the plain model
 
 
 # --- no process group: the settings, their checks and the split --------------------------------------

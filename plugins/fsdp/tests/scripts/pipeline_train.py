@@ -24,6 +24,7 @@ RUNS = {
     "zero_bubble": dict(pp_size=2, pp_schedule="InterleavedZeroBubble", pp_microbatches=4),
     "zbv": dict(pp_size=2, pp_schedule="ZBVZeroBubble", pp_microbatches=4),
     "meta_init": dict(pp_size=2, pp_schedule="GPipe", pp_microbatches=2),
+    "accumulate": dict(pp_size=2, pp_schedule="1F1B", pp_microbatches=2),  # 2 accumulation steps of half a batch
     "split_points": dict(pp_size=2, pp_schedule="1F1B", pp_microbatches=2, pp_split_points=["blocks.1"]),
     "pp2_dp2": dict(pp_size=2, dp_shard_size=2, pp_schedule="1F1B", pp_microbatches=2),
     "pp2_ddp2": dict(pp_size=2, dp_replicate_size=2, pp_schedule="GPipe", pp_microbatches=2),
@@ -32,10 +33,12 @@ RUNS = {
 
 def run(name: str, out: str) -> dict:
     ref_losses, ref_norms, ref_state = reference()
+    accumulation = 2 if name == "accumulate" else 1
     acc = Accelerator(strategy="fsdp", seed=0, parallelism_config=ParallelismConfig(**RUNS[name]),
+                      gradient_accumulation_steps=accumulation,
                       config={"fsdp": {"transformer_layer_cls_to_wrap": ["Block"]}})
     dp = acc.strategy.data_parallel_size
-    loader = torch.utils.data.DataLoader(dataset(K), batch_size=GLOBAL_BATCH // dp)
+    loader = torch.utils.data.DataLoader(dataset(K), batch_size=GLOBAL_BATCH // dp // accumulation)
     if name == "meta_init":  # built without memory; each rank materialises its stage only
         with torch.device("meta"):
             model = make_model()
@@ -47,17 +50,28 @@ def run(name: str, out: str) -> dict:
         return meta_init_result(acc, model, opt, loader)
     names = acc.strategy.all_gather_object(sorted(n for n, _ in model.named_parameters()))
     param_bytes = acc.gather(torch.tensor([local_param_bytes(model)])).tolist()
-    losses, norms = [], []
-    for step, (_, tokens) in enumerate(loader):
+    losses, norms, metrics, window = [], [], [], []
+    for step, (ids, tokens) in enumerate(loader):
         with acc.accumulate(model):
             loss = acc.pipeline_loss(model, tokens[:, :-1], tokens[:, 1:], loss_fn)
             acc.backward(loss)
-            norms.append(acc.clip_grad_norm_(model.parameters(), 1.0).item())
+            if acc.sync_gradients:
+                norms.append(acc.clip_grad_norm_(model.parameters(), 1.0).item())
             opt.step()
             opt.zero_grad()
-        losses.append(acc.gather(loss.detach()[None]).tolist())  # every rank's view of the loss
-        if name == "pp2_dp2" and step + 1 == S:
-            acc.save_state(os.path.join(out, "ckpt"))
+        window.append(acc.gather(loss.detach()[None]))  # every rank's view of the loss
+        metrics.append(acc.gather_for_metrics(ids).tolist())  # each sample of the step once
+        if acc.sync_gradients:
+            losses.append(torch.stack(window).mean(0).tolist())
+            window = []
+        if name in ("pp2_dp2", "pp2_ddp2") and len(losses) == S and not window:
+            blocking = name == "pp2_dp2"  # pp2_ddp2: save_state(blocking=False)
+            saved = acc.save_state(os.path.join(out, "ckpt" if blocking else "ckpt_async"), blocking=blocking)
+            if not blocking:
+                saved.wait()
+            snapshot = acc.get_state_dict(model)
+            if acc.is_main_process:
+                torch.save(snapshot, os.path.join(out, f"{name}_weights_at_S.pt"))
     eval_loss = None
     if "--no-eval" not in sys.argv:
         model.eval()
@@ -65,7 +79,7 @@ def run(name: str, out: str) -> dict:
             eval_loss = acc.pipeline_loss(model, tokens[:, :-1], tokens[:, 1:], loss_fn).item()
     state = acc.get_state_dict(model)
     result = {"losses": losses, "reference_losses": ref_losses, "norms": norms, "reference_norms": ref_norms,
-              "eval_loss": eval_loss, "names": names, "param_bytes": param_bytes,
+              "eval_loss": eval_loss, "names": names, "gathered_for_metrics": metrics, "param_bytes": param_bytes,
               "mesh_dims": list(acc.torch_device_mesh.mesh_dim_names),
               "mesh_shape": list(acc.torch_device_mesh.shape)}
     if acc.is_main_process:

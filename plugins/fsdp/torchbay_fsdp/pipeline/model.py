@@ -63,7 +63,7 @@ class PipelineModel(nn.Module):
                             "target, loss_fn) (docs/parallelism.md, 'Pipeline parallel')")
 
     def scheduled_loss(self, output: torch.Tensor, target: Any) -> torch.Tensor:
-        """The schedule's loss function: the user's, divided for gradient accumulation."""
+        """The schedule's loss function: the user's, divided by the micro-batches and the accumulation steps."""
         return self._loss_fn(output, target) * self._scale
 
     def loss(self, inputs: tuple, input_kwargs: dict, target: Any, loss_fn: Callable, scale: float = 1.0):
@@ -73,9 +73,10 @@ class PipelineModel(nn.Module):
             raise ConfigError(f"parallelism.pp_microbatches {self.n_microbatches}: the batch of {batch} samples does "
                               f"not split into {self.n_microbatches} equal micro-batches; make the per-process batch "
                               f"size a multiple of pp_microbatches (or change pp_microbatches)")
-        self._loss_fn, self._scale = loss_fn, scale
-        losses: list[torch.Tensor] = []
         train = self.training and torch.is_grad_enabled()
+        # each micro-batch's share of the step's gradient (the schedule does not scale them: build_schedule)
+        self._loss_fn, self._scale = loss_fn, (scale / self.n_microbatches if train else 1.0)
+        losses: list[torch.Tensor] = []
         kwargs = {"inputs": tuple(inputs), "input_kwargs": dict(input_kwargs or {})}
         try:
             if train:
@@ -86,7 +87,7 @@ class PipelineModel(nn.Module):
             self._loss_fn = None
         device = self.torch_stages[0].device
         if losses:
-            value = torch.stack([loss.detach().float() for loss in losses]).mean() / scale
+            value = torch.stack([loss.detach().float() for loss in losses]).mean() / self._scale
         else:
             value = torch.zeros((), device=device)
         value = value.to(device)

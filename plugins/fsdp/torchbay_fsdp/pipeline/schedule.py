@@ -40,13 +40,15 @@ def theoretical_bubble(schedule: str, pp_size: int, microbatches: int, virtual: 
 
 
 def build_schedule(schedule: str, stages: list, n_microbatches: int, loss_fn: Callable):
-    """torch's schedule object for this rank's ``stages`` (``PipelineStage`` objects)."""
+    """torch's schedule object for this rank's ``stages`` (``PipelineStage`` objects). Gradients are not
+    scaled by the schedule (``scale_grads=False``: it would also divide what earlier steps of a gradient
+    accumulation window left); the loss function divides each micro-batch's loss instead."""
     import torch.distributed.pipelining.schedules as schedules
 
     cls = getattr(schedules, SCHEDULES[schedule].torch_class)
     if SCHEDULES[schedule].multi:
-        return cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True)
-    return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True)
+        return cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
+    return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
 
 
 def build_eval_schedule(schedule: str, pp_size: int, virtual: int | None, stages: list, n_microbatches: int,
@@ -61,7 +63,7 @@ def build_eval_schedule(schedule: str, pp_size: int, virtual: int | None, stages
     from torch.distributed.pipelining.schedules import _Action, _ComputationType
 
     runtime = torch_schedules._PipelineScheduleRuntime(stages, n_microbatches=n_microbatches, loss_fn=loss_fn,
-                                                       scale_grads=True)
+                                                       scale_grads=False)
     placement = {rank: sorted(stage_indices(schedule, rank, pp_size, virtual)) for rank in range(pp_size)}
     to_rank = {stage: rank for rank, held in placement.items() for stage in held}
     runtime.stage_index_to_group_rank = to_rank  # torch's validation wants backward actions: set as it would
