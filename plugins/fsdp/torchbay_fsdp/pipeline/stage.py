@@ -100,13 +100,14 @@ class StageModule(nn.Module):
         if self._inject is not None:
             self._inject.received = received[0]
         try:
-            out = self.module(*inputs, **(input_kwargs or {}))
+            out = model_output(self.module(*inputs, **(input_kwargs or {})))
         except _StageDone as done:
-            return done.value
+            out = done.value
         finally:
             if self._inject is not None:
                 self._inject.received = None
-        return model_output(out)
+        # a view would lose FSDP2's pre-backward hook to any in-place op on it (torch warns): hand on a tensor
+        return out.clone() if out._is_view() else out
 
 
 def cut(model: nn.Module, plan: SplitPlan, index: int, copy_model: bool) -> StageModule:
