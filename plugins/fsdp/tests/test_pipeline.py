@@ -246,3 +246,21 @@ def test_stage_placement_and_theoretical_bubble_follow_torchs_schedules():
     assert [stage_indices("ZBVZeroBubble", r, 2, None) for r in range(2)] == [[0, 3], [1, 2]]
     assert theoretical_bubble("GPipe", 2, 4) == pytest.approx(1 / 5)
     assert theoretical_bubble("Interleaved1F1B", 2, 4) == pytest.approx(1 / 9)
+
+
+def test_estimate_memory_takes_pp_size_and_counts_the_largest_stage(tmp_path, monkeypatch, capsys):
+    from torchbay.cli.main import main
+
+    (tmp_path / "pipe_gpt_factory.py").write_text(
+        f"import sys\nsys.path.insert(0, {SCRIPTS!r})\nfrom pipeline_common import PipeGPT\n"
+        f"def build():\n    return PipeGPT()\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["estimate-memory", "pipe_gpt_factory:build", "--num-processes", "4", "--pp-size", "2",
+                 "--dp-shard-size", "2", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["parallelism"]["pp"] == 2
+    rows = {(r["strategy"], r["precision"]): r for r in report["rows"]}
+    assert rows[("fsdp", "no")]["parameters"] == 7104 * 4 // 2  # the last stage's, sharded over dp_shard 2
+    assert "per pp rank 7,040 / 7,104 params" in rows[("fsdp", "no")]["note"]
+    assert rows[("fsdp", "fp16")]["note"].startswith("refused: pipeline parallel with fp16")
+    assert rows[("ddp", "-")]["note"].startswith("cannot build the parallel dimension(s) pp")

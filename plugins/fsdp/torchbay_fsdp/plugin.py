@@ -78,17 +78,19 @@ def torchbay_config_sections():
 
 @hookimpl
 def torchbay_add_cli_options(parser, command):
-    if command == "estimate-memory":  # per-rank memory for the given parallel sizes
-        _add_parallel_flags(parser)
+    if command == "estimate-memory":  # per-rank memory for the given parallel sizes (the stage placement: --set)
+        _add_parallel_flags(parser, skip=("--pp-microbatches", "--pp-virtual-stages", "--pp-split-points",
+                                          "--pp-schedule"))
     if command not in ("launch", "test"):
         return
     add_section_options(parser.add_argument_group("fsdp (strategy: fsdp)"), "fsdp", FSDPConfig, flags=_FLAGS)
     _add_parallel_flags(parser)
 
 
-def _add_parallel_flags(parser) -> None:
+def _add_parallel_flags(parser, skip: tuple[str, ...] = ()) -> None:
     group = parser.add_argument_group("N-D parallelism (strategy: fsdp; the parallelism section, docs/parallelism.md)")
-    add_section_options(group, "parallelism", ParallelismSection, flags=_PARALLEL_FLAGS)
+    flags = {flag: spec for flag, spec in _PARALLEL_FLAGS.items() if flag not in skip}
+    add_section_options(group, "parallelism", ParallelismSection, flags=flags)
 
 
 @hookimpl
