@@ -1,7 +1,9 @@
 """Pipeline parallel (issue 38): the pp settings and their checks, the automatic split, and real gloo runs.
 
-Process launches: scripts/pipeline_train.py with 2 processes (pp 2 with each schedule, and with split
-points) and with 4 (pp 2 x dp_shard 2 with a save_state, pp 2 x dp_replicate 2), then
+Process launches: scripts/pipeline_train.py with 2 processes (pp 2 with each schedule, with split
+points, with gradient accumulation, built on the meta device) and with 4 (pp 2 x dp_shard 2 with a
+save_state, pp 2 x tp 2, pp 2 x dp_replicate 2 with save_state(blocking=False)), scripts/pipeline_hf.py
+with 2 (a tiny Hugging Face Llama at pp 2), then
 scripts/pipeline_resume.py with 4 (same shape), 1 (resharded, saving again) and 4 again (from the
 one-process checkpoint). Each run is compared with a single-process reference computed in the
 worker (same model, seed and batches; AdamW, clip_grad_norm_ 1.0, 3 steps).
@@ -31,7 +33,7 @@ import pipeline_common as common  # noqa: E402
 
 TWO = ["gpipe", "1f1b", "interleaved", "zero_bubble", "zbv", "split_points", "accumulate"]
 META = "meta_init"
-FOUR = ["pp2_dp2", "pp2_ddp2"]
+FOUR = ["pp2_dp2", "pp2_tp2", "pp2_ddp2"]
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +116,13 @@ def test_pp2_with_data_parallel_matches_a_single_process(four, run):
     _, result = four
     got = result[run]
     _check_matches_reference(got)
-    dims = {"pp2_dp2": (["pp", "dp_shard"], [2, 2]), "pp2_ddp2": (["pp", "dp_replicate", "dp_shard"], [2, 2, 1])}
+    dims = {"pp2_dp2": (["pp", "dp_shard"], [2, 2]), "pp2_ddp2": (["pp", "dp_replicate", "dp_shard"], [2, 2, 1]),
+            "pp2_tp2": (["pp", "dp_shard", "tp"], [2, 1, 2])}
     assert (got["mesh_dims"], got["mesh_shape"]) == dims[run]
     if run == "pp2_dp2":  # each stage sharded over its 2 data-parallel ranks: half a pp 2 rank's bytes
         assert got["param_bytes"] == [b // 2 for b in [28160, 28160, 28416, 28416]]
+    if run == "pp2_tp2":  # the blocks split over tp (embedding, norms and head whole)
+        assert got["param_bytes"] == [15488, 15488, 15744, 15744]
 
 
 def _resume(out, nprocs: int, sizes: str, *extra: str) -> dict:
@@ -196,8 +201,8 @@ def test_bad_pipeline_combinations_are_refused_before_any_process_with_their_fix
     assert "zero-bubble schedules compute weight gradients after FSDP2" in text and "use Interleaved1F1B" in text
     text = "\n".join(_problems(3, **{"parallelism.pp_size": 2}))
     assert "pp_size 2 does not divide the 3 processes" in text
-    text = "\n".join(_problems(4, **{"parallelism.pp_size": 2, "parallelism.tp_size": 2}))
-    assert "with tp_size/cp_size > 1 is not supported yet" in text
+    text = "\n".join(_problems(4, **{"parallelism.pp_size": 2, "parallelism.cp_size": 2}))
+    assert "with cp_size > 1 is not supported yet" in text
     text = "\n".join(_problems(2, mixed_precision="fp16", **{"parallelism.pp_size": 2}))
     assert "mixed_precision fp16" in text and "use bf16" in text
     text = "\n".join(_problems(2, **{"parallelism.pp_size": 2, "fsdp.version": 1}))

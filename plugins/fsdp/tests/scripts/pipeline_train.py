@@ -12,7 +12,7 @@ import os
 import sys
 
 import torch
-from parallel_common import local_param_bytes
+from parallel_common import PLAN, local_param_bytes
 from pipeline_common import GLOBAL_BATCH, LR, K, S, dataset, loss_fn, make_model, max_diff, reference, write_json
 
 from torchbay import Accelerator, ParallelismConfig
@@ -27,6 +27,7 @@ RUNS = {
     "accumulate": dict(pp_size=2, pp_schedule="1F1B", pp_microbatches=2),  # 2 accumulation steps of half a batch
     "split_points": dict(pp_size=2, pp_schedule="1F1B", pp_microbatches=2, pp_split_points=["blocks.1"]),
     "pp2_dp2": dict(pp_size=2, dp_shard_size=2, pp_schedule="1F1B", pp_microbatches=2),
+    "pp2_tp2": dict(pp_size=2, tp_size=2, pp_schedule="1F1B", pp_microbatches=2, tp_plan=PLAN),
     "pp2_ddp2": dict(pp_size=2, dp_replicate_size=2, pp_schedule="GPipe", pp_microbatches=2),
 }
 

@@ -41,9 +41,9 @@ def check_pipeline_combination(config: Any, world_size: int) -> list[str]:
                         f"zero-bubble schedule on pp_size processes alone")
     if s.version == 1:
         problems.append(f"{where} needs fsdp.version 2 (each stage is sharded with fully_shard); set fsdp.version: 2")
-    if section.tp_size > 1 or section.cp_size > 1:
-        problems.append(f"{where} with tp_size/cp_size > 1 is not supported yet; combine pp with dp_shard / "
-                        f"dp_replicate, or set pp_size 1")
+    if section.cp_size > 1:
+        problems.append(f"{where} with cp_size > 1 is not supported yet; combine pp with dp_shard, dp_replicate or "
+                        f"tp, or set pp_size 1")
     if s.cpu_ram_efficient_loading:
         problems.append(f"{where} with fsdp.cpu_ram_efficient_loading: each rank already builds only its stage (build "
                         f"the model under torch.device('meta')); set cpu_ram_efficient_loading: false")
@@ -68,6 +68,7 @@ class PipelineWrapping:
     _optimizers: list
     _blocks: Callable[[torch.nn.Module], list]  # FSDPWrapping's: the blocks that become FSDP units
     _wrap_fsdp2: Callable[[torch.nn.Module, list], torch.nn.Module]
+    _apply_tensor_parallel: Callable[[torch.nn.Module], None]
 
     @property
     def pipeline_enabled(self) -> bool:
@@ -93,6 +94,8 @@ class PipelineWrapping:
         for stage in stages:
             materialize(stage, device)
             stage.to(device)
+            if self.sizes["tp"] > 1:  # the plan's patterns match this stage's blocks (the others are stand-ins)
+                self._apply_tensor_parallel(stage.module)
             blocks = [b for b in self._blocks(stage.module) if not isinstance(b, (Shadow, Stop))]
             if self.settings.activation_checkpointing:
                 from torch.distributed._composable import checkpoint
