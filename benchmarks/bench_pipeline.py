@@ -161,7 +161,7 @@ def run_one(mode: str, schedule: str, steps: int) -> dict:
     return result
 
 
-def worker(mode: str, steps: int, rounds: int) -> None:
+def worker(mode: str, steps: int, rounds: int, schedules: list[str]) -> None:
     """``single``/``dp``: that contender ``rounds`` times; ``pp``: every schedule, torchbay and raw
     alternating, ``rounds`` times, all in one process group. Prints the results (JSON) on rank 0."""
     import torch
@@ -175,7 +175,7 @@ def worker(mode: str, steps: int, rounds: int) -> None:
         if mode != "pp":
             results.setdefault(mode, []).append(run_one(mode, "-", steps))
             continue
-        for schedule in SCHEDULES:
+        for schedule in schedules:
             for contender in (("pp", "raw") if r % 2 == 0 else ("raw", "pp")):
                 results.setdefault(f"{contender} {schedule}", []).append(run_one(contender, schedule, steps))
     if int(os.environ.get("RANK", "0")) == 0:
@@ -184,7 +184,7 @@ def worker(mode: str, steps: int, rounds: int) -> None:
         owner.end_training()
 
 
-def launch(mode: str, steps: int, rounds: int, nproc: int) -> dict:
+def launch(mode: str, steps: int, rounds: int, nproc: int, schedules: str = ",".join(SCHEDULES)) -> dict:
     from common import child_env
 
     env = child_env()
@@ -193,7 +193,7 @@ def launch(mode: str, steps: int, rounds: int, nproc: int) -> dict:
     env["OMP_NUM_THREADS"] = "1"
     done = subprocess.run([sys.executable, "-W", "ignore::UserWarning", "-m", "torch.distributed.run",
                            f"--nproc-per-node={nproc}", "--standalone", os.path.abspath(__file__), "--worker", mode,
-                           "--steps", str(steps), "--rounds", str(rounds)],
+                           "--steps", str(steps), "--rounds", str(rounds), "--schedules", schedules],
                           capture_output=True, text=True, env=env, timeout=1800)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -205,10 +205,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated subset of the schedules")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        return worker(args.worker, args.steps, args.rounds)
+        return worker(args.worker, args.steps, args.rounds, args.schedules.split(","))
     from torchbay_fsdp.pipeline.schedule import theoretical_bubble
 
     def median(results, key, field="step_s"):
@@ -216,7 +217,7 @@ def main():
 
     single = median(launch("single", args.steps, args.rounds, 1), "single")
     dp = median(launch("dp", args.steps, args.rounds, 2), "dp")
-    pp = launch("pp", args.steps, args.rounds, 2)
+    pp = launch("pp", args.steps, args.rounds, 2, args.schedules)
     params = sum(t.numel() for t in make_model().parameters())
     print(f"bench_pipeline: {BLOCKS} blocks, width {DIM}, {params / 1e6:.2f}M params, AdamW, global batch {BATCH} x "
           f"{SEQ} tokens, {MICRO} micro-batches, CPU (gloo, 1 thread per process), {args.steps} timed steps after "
@@ -225,7 +226,7 @@ def main():
     print("|---|---:|---:|---:|---:|---:|")
     print(f"| 1 process | {single:.3f} | 1.00x | - | - | - |")
     print(f"| dp 2 (ddp) | {dp:.3f} | {dp / single:.2f}x | - | - | - |")
-    for schedule in SCHEDULES:
+    for schedule in args.schedules.split(","):
         ours, raw = pp[f"pp {schedule}"], pp[f"raw {schedule}"]
         step = statistics.median(x["step_s"] for x in ours)
         ratio = statistics.median(a["step_s"] / b["step_s"] for a, b in zip(ours, raw))
