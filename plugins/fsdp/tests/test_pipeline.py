@@ -269,3 +269,39 @@ def test_estimate_memory_takes_pp_size_and_counts_the_largest_stage(tmp_path, mo
     assert "per pp rank 7,040 / 7,104 params" in rows[("fsdp", "no")]["note"]
     assert rows[("fsdp", "fp16")]["note"].startswith("refused: pipeline parallel with fp16")
     assert rows[("ddp", "-")]["note"].startswith("cannot build the parallel dimension(s) pp")
+
+
+def _live(marker: str) -> list[str]:
+    """Live processes whose command line holds ``marker`` (from /proc)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            state = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmd and state != "Z" and int(entry) != os.getpid():
+            found.append(cmd)
+    return found
+
+
+@pytest.mark.multiprocess
+def test_a_rank_failing_inside_the_schedule_is_named_with_its_stage_and_no_process_is_left(tmp_path):
+    import shutil
+    import subprocess
+
+    script = tmp_path / "pipeline_fail.py"  # its path marks the job's processes
+    shutil.copy(os.path.join(SCRIPTS, "pipeline_fail.py"), script)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), SCRIPTS]))}
+    env.pop("TORCHBAY_RESOLVED_CONFIG", None)
+    done = subprocess.run([sys.executable, "-m", "torchbay.cli.main", "launch", "--num-processes", "2", str(script)],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=str(tmp_path))
+    assert done.returncode == 1, done.stderr[-3000:]
+    report = done.stderr[done.stderr.index("torchbay launch: rank"):]
+    assert report.startswith("torchbay launch: rank 1 failed first"), report[:2000]
+    assert "ValueError: deliberate failure inside the pipeline schedule" in report
+    assert "inside the pipeline schedule 1F1B (training step), on the rank holding pipeline stage(s) 1 of 2" in report
+    then = report.split("then:", 1)[1]
+    assert "rank 0" in then and "a consequence of the first failure" in then
+    assert not _live(str(tmp_path)), "no rank may outlive the launcher"

@@ -83,6 +83,12 @@ class PipelineModel(nn.Module):
                 self.schedule.step(target=target, losses=losses, return_outputs=False, **kwargs)
             else:
                 (self.eval_schedule or self.schedule).eval(target=target, losses=losses, **kwargs)
+        except Exception as exc:  # the launcher's failure report shows the note with the traceback
+            stages = ", ".join(str(i) for i in self.stage_indices)
+            exc.add_note(f"torchbay: inside the pipeline schedule {self.schedule_name} "
+                         f"({'training step' if train else 'forward only'}), on the rank holding pipeline "
+                         f"stage(s) {stages} of {self.plan.num_stages}")
+            raise
         finally:
             self._loss_fn = None
         device = self.torch_stages[0].device
