@@ -263,6 +263,15 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
         add_oom_report(exc, list(self._models), list(self._optimizers), self.device_backend,
                        self.process_index, snapshots)
 
+    def pipeline_loss(self, model: Any, inputs: Any, target: Any, loss_fn: Any, **kwargs: Any) -> torch.Tensor:
+        """The loss of ``model`` on one batch, ``loss_fn(model(*inputs, **kwargs), target)``, then given to
+        :meth:`backward` as usual: the one line a loop changes for pipeline parallel (``parallelism.pp_size`` > 1),
+        where the strategy runs the batch through the pipeline's schedule (forward and backward; ``backward``
+        then has nothing left to do) and every rank gets the batch's loss (docs/parallelism.md)."""
+        inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+        return self.strategy.pipeline_loss(model, inputs, kwargs, target, loss_fn,
+                                           accumulation_steps=self.gradient_state.accumulation_steps)
+
     def accumulate(self, *models: Any):
         """Accumulate gradients locally until the last micro-batch of the window, then sync.
 

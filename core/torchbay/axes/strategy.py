@@ -347,6 +347,13 @@ class Strategy(FullStateCheckpoint):
         the micro-batches of an accumulation window that do not end it (gradients stay local)."""
         loss.backward(**kwargs)
 
+    def pipeline_loss(self, model: Any, inputs: tuple, kwargs: dict, target: Any, loss_fn: Any,
+                      accumulation_steps: int = 1) -> torch.Tensor:
+        """``accelerator.pipeline_loss``: ``loss_fn(model(*inputs, **kwargs), target)``. A strategy that runs the
+        model as a pipeline overrides it to run the whole schedule (forward and backward, the loss divided by
+        ``accumulation_steps`` itself) and makes the next :meth:`backward` a no-op."""
+        return loss_fn(model(*inputs, **kwargs), target)
+
     def no_sync(self, model: Any):
         """Context in which gradients are accumulated locally, not reduced."""
         return contextlib.nullcontext()

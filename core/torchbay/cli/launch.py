@@ -66,7 +66,7 @@ def launch_command(args: argparse.Namespace) -> int:
     plan, context, env = prepare(resolved, pm)
     check_port_free(plan)
     setup = (f"device {context.device_backend_cls.name}, strategy {context.strategy_cls.name}, "
-             f"mixed_precision {resolved.config.mixed_precision}")
+             f"mixed_precision {resolved.config.mixed_precision}") + _mesh(resolved.config)
     if args.dry_run:
         print("\n".join(plan.describe()))
         print(f"set-up: {setup}{_found_config(args)}")
@@ -155,3 +155,14 @@ def _exit_now(code: int) -> None:
     from torchbay.launch.worker import fast_exit
 
     fast_exit(code, logging.shutdown)
+
+
+def _mesh(config) -> str:
+    """``, mesh pp 2 x dp_shard 2 (pp schedule 1F1B)`` for the parallel sizes > 1, else nothing."""
+    from torchbay.distributed.parallelism_config import parallel_sizes
+
+    sizes = parallel_sizes(config)
+    mesh = " x ".join(f"{dim} {size}" for dim, size in sizes.items() if size > 1)
+    schedule = getattr(getattr(config, "parallelism", None), "pp_schedule", None)
+    return (f", mesh {mesh}" + (f" (pp schedule {schedule})" if sizes.get("pp", 1) > 1 and schedule else "")
+            if mesh else "")

@@ -6,7 +6,8 @@ parallelism contributes; that strategy builds the one named ``DeviceMesh`` and a
 each dimension. A strategy declares the dimensions it can build in
 ``Strategy.parallel_dims``; the selected strategy's ``check`` refuses the others.
 
-Dimensions, in mesh order (outermost first): ``dp_replicate`` (replicas, as DDP),
+Dimensions, in mesh order (outermost first): ``pp`` (pipeline stages: whole blocks of layers,
+:mod:`torchbay.distributed.pipeline_config`), ``dp_replicate`` (replicas, as DDP),
 ``dp_shard`` (sharded data parallel), ``cp`` (context parallel: the sequence), ``sp`` (Ulysses
 sequence parallel: the sequence, all-to-all over heads around attention), ``tp`` (tensor
 parallel: inside layers). Flattened: ``dp`` = dp_replicate x dp_shard (ranks with different
@@ -20,10 +21,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from torchbay.distributed.pipeline_config import DEFAULT_SCHEDULE, check_pipeline
 from torchbay.errors import ConfigError
 
 #: mesh dimensions in mesh order (outermost first)
-MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "sp", "tp")
 #: the config section a strategy plugin that builds N-D parallelism contributes
 SECTION = "parallelism"
 CP_COMM_STRATEGIES = ("allgather", "alltoall")
@@ -119,6 +121,12 @@ class ParallelismConfig:
     - ``dp_replicate_size > 1`` with ``dp_shard_size > 1`` is HSDP.
     - ``tp_size`` / ``cp_size > 1`` with ``dp_replicate_size > 1`` needs ``dp_shard_size > 1``.
     - all sizes multiply to the number of processes (checked when the Accelerator starts).
+
+    Pipeline parallel (torchbay's fields; docs/parallelism.md): ``pp_size`` stages of whole blocks,
+    run by ``pp_schedule`` (GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble) over
+    ``pp_microbatches`` micro-batches per batch, ``pp_virtual_stages`` stages per rank for the
+    interleaved/V schedules, cut before the blocks ``pp_split_points`` names (else balanced by
+    parameter count).
     """
 
     dp_replicate_size: Optional[int] = None
@@ -136,11 +144,16 @@ class ParallelismConfig:
     ep_size: Optional[int] = None
     #: module-name patterns of the expert modules (unset: the strategy recognises them)
     ep_plan: Optional[list] = None
+    pp_size: Optional[int] = None
+    pp_schedule: Optional[str] = None
+    pp_microbatches: Optional[int] = None
+    pp_virtual_stages: Optional[int] = None
+    pp_split_points: Optional[list] = None
     #: the mesh the selected strategy built (set when an Accelerator takes this config)
     device_mesh: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
-        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "ep_size"):
+        for name in ("pp_size", "dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "ep_size"):
             value = getattr(self, name)
             value = _from_env(name, 1, int) if value is None else value
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -168,6 +181,9 @@ class ParallelismConfig:
         if self.ep_size > 1 and self.dp_shard_size % self.ep_size:
             problems.append(f"ParallelismConfig(ep_size={self.ep_size}) must divide dp_shard_size "
                             f"{self.dp_shard_size}: experts are split over ep ranks taken from the dp_shard ranks")
+        self.pp_schedule = self.pp_schedule or _from_env("pp_schedule", DEFAULT_SCHEDULE)
+        problems += check_pipeline(self.pp_size, self.pp_schedule, self.pp_microbatches, self.pp_virtual_stages,
+                                   "ParallelismConfig")
         if problems:
             raise ConfigError(problems)
         if self.tp_size > 1 and self.tp_handler is None:
@@ -190,7 +206,7 @@ class ParallelismConfig:
 
     @property
     def total_size(self) -> int:
-        return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size
+        return self.pp_size * self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size
 
     @property
     def data_parallel_size(self) -> int:
@@ -198,7 +214,7 @@ class ParallelismConfig:
 
     @property
     def non_data_parallel_size(self) -> int:
-        return self.tp_size * self.cp_size * self.sp_size
+        return self.pp_size * self.tp_size * self.cp_size * self.sp_size
 
     @property
     def dp_replicate_enabled(self) -> bool:
@@ -215,6 +231,10 @@ class ParallelismConfig:
     @property
     def cp_enabled(self) -> bool:
         return self.cp_size > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp_size > 1
 
     @property
     def sp_enabled(self) -> bool:
@@ -278,7 +298,8 @@ class ParallelismConfig:
     # -- torchbay config ------------------------------------------------------------------------
     def to_config(self) -> dict[str, Any]:
         """Dotted values of the ``parallelism`` config section (``Accelerator(parallelism_config=...)``)."""
-        out: dict[str, Any] = {f"{SECTION}.{name}_size": size for name, size in self.sizes.items()}
+        out: dict[str, Any] = {f"{SECTION}.{name}_size": size for name, size in self.sizes.items()
+                               if name != "pp" or size > 1}
         if self.cp_handler is not None:
             out[f"{SECTION}.cp_comm_strategy"] = self.cp_handler.cp_comm_strategy
         if self.tp_plan is not None:
@@ -292,6 +313,9 @@ class ParallelismConfig:
         if self.sp_handler is not None and self.sp_size > 1:
             out[f"{SECTION}.sp_attn_implementation"] = self.sp_handler.sp_attn_implementation
             out[f"{SECTION}.sp_seq_length"] = self.sp_handler.sp_seq_length
+        for name in ("pp_schedule", "pp_microbatches", "pp_virtual_stages", "pp_split_points"):
+            if getattr(self, name) is not None and (self.pp_size > 1 or name != "pp_schedule"):
+                out[f"{SECTION}.{name}"] = getattr(self, name)
         return out
 
     @classmethod
@@ -304,7 +328,11 @@ class ParallelismConfig:
                    sp_handler=DeepSpeedSequenceParallelConfig(
                        getattr(section, "sp_seq_length", None), getattr(section, "sp_seq_length", None) is None,
                        getattr(section, "sp_attn_implementation", None))
-                   if (getattr(section, "sp_size", 1) or 1) > 1 else None)
+                   if (getattr(section, "sp_size", 1) or 1) > 1 else None,
+                   pp_schedule=getattr(section, "pp_schedule", None),
+                   pp_microbatches=getattr(section, "pp_microbatches", None),
+                   pp_virtual_stages=getattr(section, "pp_virtual_stages", None),
+                   pp_split_points=getattr(section, "pp_split_points", None) or None)
 
     def get_device_mesh(self, device_type: Optional[str] = None):
         """The mesh of this config: the one the selected strategy built (``accelerator.torch_device_mesh``), else

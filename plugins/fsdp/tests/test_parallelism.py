@@ -65,7 +65,7 @@ def test_one_named_mesh_with_the_active_and_flattened_dimensions(trained):
     assert (tp["dp_mesh_size"], tp["dp_shard_cp_size"], tp["dp_cp_size"]) == (2, 2, 2)
     assert (result["hsdp"]["dp_mesh_size"], result["hsdp"]["dp_shard_cp_size"]) == (4, 2)
     assert tp["tp_rank"] == [0, 1, 0, 1]  # tp innermost, as Accelerate and torchtitan order the mesh
-    assert tp["parallelism_config_sizes"] == {"dp_replicate": 1, "dp_shard": 2, "cp": 1, "sp": 1, "tp": 2}
+    assert tp["parallelism_config_sizes"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "sp": 1, "tp": 2}
     assert all(result[run]["config_mesh_is_accelerator_mesh"] for run in ("fsdp4", "hsdp", "fsdp2_tp2"))
     assert tp["tp_plan_applied"] == sorted(f"blocks.{i}.{m}" for i in range(common.BLOCKS)
                                            for m in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.up", "mlp.down"))
@@ -405,7 +405,7 @@ def test_estimate_memory_command_takes_the_parallel_sizes_and_counts_what_the_pl
     assert main(["estimate-memory", "tiny_gpt_factory:build", "--num-processes", "4", "--dp-shard-size", "2",
                  "--tp-size", "2", "--tp-plan", plan, "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["parallelism"] == {"dp_replicate": 1, "dp_shard": 2, "cp": 1, "sp": 1, "tp": 2}
+    assert report["parallelism"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "sp": 1, "tp": 2}
     rows = {(r["strategy"], r["precision"]): r for r in report["rows"]}
     assert rows[("ddp", "-")]["note"] == "cannot build the parallel dimension(s) dp_shard, tp"
     model = common.make_model()

@@ -191,8 +191,21 @@ class FSDPCheckpoint:
             raw = getattr(opt, "optimizer", opt)
             owner = self._owner(j, models, owners, optimizers)
             try:
-                state = dcp_load(get_optimizer_state_dict(owner, raw), path, trusted=io.trusted)
+                template = get_optimizer_state_dict(owner, raw)
+                names = [list(group.get("params", ())) for group in template.get("param_groups", ())]
+                state = dcp_load(template, path, trusted=io.trusted)
+                _keep_parameter_names(state, names)
                 set_optimizer_state_dict(owner, raw, state)
             except Exception as exc:
                 raise CheckpointError(f"optimizer {j} could not be restored from {path}: "
                                       f"{type(exc).__name__}: {exc}") from exc
+
+
+def _keep_parameter_names(state: dict, names: list[list[str]]) -> None:
+    """Each loaded parameter group keeps this rank's parameter names: the checkpoint's list comes from the rank
+    that saved it, which under pipeline parallel (or in a checkpoint saved at another pp size) holds other
+    stages' parameters."""
+    groups = state.get("param_groups") or []
+    if len(groups) == len(names):
+        for group, own in zip(groups, names):
+            group["params"] = own

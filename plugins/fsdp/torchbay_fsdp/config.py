@@ -7,6 +7,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field
 
+from torchbay.distributed.pipeline_config import DEFAULT_SCHEDULE, SCHEDULES
 from torchbay.plugin import Section
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -84,3 +85,16 @@ class ParallelismSection(Section):
                                           "colwise_rep, rowwise_rep, local_colwise, local_rowwise, replicate, "
                                           "sequence_parallel (or a torch ParallelStyle object in Python); empty: the "
                                           "model's own tp_plan / _tp_plan attribute")
+    pp_size: int = Field(1, ge=1, description="pipeline parallel: stages of whole blocks, one group of processes each "
+                                              "(outermost mesh dimension)")
+    pp_schedule: Literal[tuple(SCHEDULES)] = Field(  # type: ignore[valid-type]
+        DEFAULT_SCHEDULE, description="pipeline schedule (torch.distributed.pipelining): GPipe, 1F1B, Interleaved1F1B, "
+                                      "InterleavedZeroBubble, ZBVZeroBubble")
+    pp_microbatches: Optional[int] = Field(
+        None, ge=1, description="micro-batches each batch is cut into for the pipeline; unset: the number of stages")
+    pp_virtual_stages: Optional[int] = Field(
+        None, ge=1, description="stages per rank (Interleaved1F1B, InterleavedZeroBubble: 2 or more; "
+                                "ZBVZeroBubble: 2); unset: 2 for those, 1 otherwise")
+    pp_split_points: list[str] = Field(
+        default_factory=list, description="blocks that start a new stage (e.g. [layers.4, layers.8]); empty: balanced "
+                                          "by parameter count")

@@ -1,8 +1,9 @@
 """The N-D device mesh of ``strategy: fsdp``: sizes from the ``parallelism`` section, checks
 before any process group, and one named ``DeviceMesh`` built on the selected device.
 
-Mesh dimensions, outermost first: ``dp_replicate``, ``dp_shard``, ``cp``, ``sp``, ``tp`` (only those
-of size > 1; a one-process run has ``dp_shard`` of size 1). Flattened, as Accelerate builds them:
+Mesh dimensions, outermost first: ``pp`` (pipeline stages), ``dp_replicate``, ``dp_shard``, ``cp``, ``sp``,
+``tp`` (only those of size > 1; a one-process run, or a pipeline without data parallel, has ``dp_shard``
+of size 1). Flattened, as Accelerate builds them:
 ``dp`` (dp_replicate x dp_shard: ranks that read different data), ``dp_shard_cp`` (what
 FSDP shards over), ``dp_cp`` (what the loss is averaged over). The ranks of an ``sp`` group hold the
 same weights and split the sequence, as those of ``cp`` do: ``sp`` joins ``dp_shard_cp`` and ``dp_cp``
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 
+from torchbay.distributed.pipeline_config import check_pipeline
 from torchbay.plugin import MESH_ORDER
 from torchbay_fsdp.experts.checks import check_expert_parallel
 from torchbay_fsdp.tensor_parallel import check_styles
@@ -25,21 +27,22 @@ WHERE = "parallelism"
 
 
 def sizes_of(section: Any, world_size: int) -> dict[str, int]:
-    """Each dimension's size; all 1 means FSDP over every process (``dp_shard`` = world size)."""
+    """Each dimension's size; all 1 means FSDP over every process (``dp_shard`` = world size), and with
+    ``pp_size`` alone, over the processes of each stage (``dp_shard`` = world size / pp_size)."""
     sizes = {name: int(getattr(section, f"{name}_size", 1) or 1) for name in MESH_ORDER}
-    if all(size == 1 for size in sizes.values()):
-        sizes["dp_shard"] = max(world_size, 1)
+    if all(size == 1 for name, size in sizes.items() if name != "pp"):
+        sizes["dp_shard"] = max(world_size // sizes["pp"], 1)
     return sizes
 
 
 def check(config: Any, world_size: int, device_type: str) -> list[str]:
     """Problems with the ``parallelism`` section for ``strategy: fsdp`` (no process group, no model)."""
     section = getattr(config, WHERE)
-    explicit = any(getattr(section, f"{n}_size") > 1 for n in MESH_ORDER)
+    explicit = any(getattr(section, f"{n}_size") > 1 for n in MESH_ORDER if n != "pp")
     sizes = sizes_of(section, world_size)
     problems: list[str] = []  # that the sizes multiply to the world size: Strategy.check_parallel_dims
     s = config.fsdp
-    if explicit and sizes["dp_shard"] == 1 and sizes["cp"] == 1 and sizes["sp"] == 1:
+    if explicit and sizes["dp_shard"] == 1 and sizes["cp"] == 1 and sizes["sp"] == 1 and sizes["pp"] == 1:
         problems.append(f"{WHERE}: strategy fsdp shards over dp_shard x cp, but dp_shard_size and cp_size are both 1 "
                         f"({' x '.join(f'{n}_size {v}' for n, v in sizes.items() if v > 1)}); set dp_shard_size > 1"
                         + (" (use strategy: ddp for replicas only)" if sizes["dp_replicate"] > 1 else ""))
@@ -59,6 +62,11 @@ def check(config: Any, world_size: int, device_type: str) -> list[str]:
     problems += check_styles(section.tp_plan, f"{WHERE}.tp_plan")
     problems += check_sequence_parallel(section, sizes)
     problems += check_expert_parallel(section, sizes)
+    problems += check_pipeline(sizes["pp"], section.pp_schedule, section.pp_microbatches, section.pp_virtual_stages,
+                               WHERE)
+    if sizes["pp"] > 1 and world_size % sizes["pp"]:
+        problems.append(f"{WHERE}.pp_size {sizes['pp']} does not divide the {world_size} processes; launch a multiple "
+                        f"of pp_size processes")
     return problems
 
 
@@ -68,7 +76,8 @@ def _torch_version() -> str:
 
 def mesh_dims(sizes: dict[str, int]) -> tuple[str, ...]:
     """The mesh's own dimensions: those of size > 1, in mesh order (``dp_shard`` of one process alone)."""
-    return tuple(n for n in MESH_ORDER if sizes[n] > 1) or ("dp_shard",)
+    pipeline = sizes.get("pp", 1) > 1  # FSDP shards each stage over dp_shard, even of size 1
+    return tuple(n for n in MESH_ORDER if sizes[n] > 1 or (pipeline and n == "dp_shard")) or ("dp_shard",)
 
 
 def flattened(sizes: dict[str, int]) -> dict[str, list[str]]:

@@ -13,6 +13,7 @@ import json
 
 import torch
 
+from torchbay.distributed.pipeline_config import SCHEDULES
 from torchbay.plugin import LazyClass, add_section_options, hookimpl
 from torchbay_fsdp import __version__
 from torchbay_fsdp.config import FSDPConfig, ParallelismSection
@@ -62,6 +63,11 @@ _PARALLEL_FLAGS = {
     "--ep-plan": ("ep_plan", {"metavar": "PATTERN[,PATTERN...]"}),
     "--cp-comm-strategy": ("cp_comm_strategy", {"choices": ["allgather", "alltoall"]}),
     "--tp-plan": ("tp_plan", {"type": _tp_plan, "metavar": "PATTERN=STYLE[,...]"}),
+    "--pp-size": ("pp_size", {"type": int}),
+    "--pp-schedule": ("pp_schedule", {"choices": list(SCHEDULES)}),
+    "--pp-microbatches": ("pp_microbatches", {"type": int}),
+    "--pp-virtual-stages": ("pp_virtual_stages", {"type": int}),
+    "--pp-split-points": ("pp_split_points", {"metavar": "BLOCK[,BLOCK...]"}),
 }
 
 
@@ -77,17 +83,19 @@ def torchbay_config_sections():
 
 @hookimpl
 def torchbay_add_cli_options(parser, command):
-    if command == "estimate-memory":  # per-rank memory for the given parallel sizes
-        _add_parallel_flags(parser)
+    if command == "estimate-memory":  # per-rank memory for the given parallel sizes (the stage placement: --set)
+        _add_parallel_flags(parser, skip=("--pp-microbatches", "--pp-virtual-stages", "--pp-split-points",
+                                          "--pp-schedule"))
     if command not in ("launch", "test"):
         return
     add_section_options(parser.add_argument_group("fsdp (strategy: fsdp)"), "fsdp", FSDPConfig, flags=_FLAGS)
     _add_parallel_flags(parser)
 
 
-def _add_parallel_flags(parser) -> None:
+def _add_parallel_flags(parser, skip: tuple[str, ...] = ()) -> None:
     group = parser.add_argument_group("N-D parallelism (strategy: fsdp; the parallelism section, docs/parallelism.md)")
-    add_section_options(group, "parallelism", ParallelismSection, flags=_PARALLEL_FLAGS)
+    flags = {flag: spec for flag, spec in _PARALLEL_FLAGS.items() if flag not in skip}
+    add_section_options(group, "parallelism", ParallelismSection, flags=flags)
 
 
 @hookimpl
@@ -100,6 +108,7 @@ def torchbay_add_commands(subparsers):
 @hookimpl
 def torchbay_report_env():
     return {"fsdp": f"torchbay-fsdp {__version__}: FSDP2 (fully_shard) with torch {torch.__version__}; "
-                    f"FSDP1 needs an accelerator; N-D parallelism: dp_replicate (HSDP), dp_shard, tp, cp "
-                    f"(cp needs an accelerator), sp (Ulysses)"}
+                    f"FSDP1 needs an accelerator; N-D parallelism: pp (torch.distributed.pipelining: "
+                    f"{', '.join(SCHEDULES)}), dp_replicate (HSDP), dp_shard, tp, cp (cp needs an accelerator), "
+                    f"sp (Ulysses), ep (experts over dp_shard ranks)"}
 

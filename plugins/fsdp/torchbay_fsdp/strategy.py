@@ -15,12 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchbay.errors import TorchbayError
+from torchbay.distributed.parallelism_config import parallel_sizes
+from torchbay.errors import IncompatibleSetupError, TorchbayError
 from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy
 from torchbay_fsdp import parallel
 from torchbay_fsdp.checkpoint import FSDPCheckpoint
 from torchbay_fsdp.experts import WEIGHTS_ATTRIBUTE, apply_expert_parallel, expert_mesh, gather_experts
 from torchbay_fsdp.experts.modules import find_experts
+from torchbay_fsdp.pipeline.split import memory_counts as pipeline_memory_counts
+from torchbay_fsdp.pipeline.wrap import PipelineWrapping, check_pipeline_combination
 from torchbay_fsdp.tensor_parallel import model_plan, resolve_plan, style_kind
 from torchbay_fsdp.ulysses import SequenceShardedBatches, apply_ulysses
 from torchbay_fsdp.wrap import FSDPWrapping
@@ -32,13 +35,13 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
+class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
     """Shard parameters, gradients and optimizer state across the processes."""
 
     name = "fsdp"
     handles_accumulation = False
     needs_process_group = True  # the device mesh needs one, even for one process
-    parallel_dims = ("dp_replicate", "dp_shard", "cp", "sp", "tp")  # the parallelism section (docs/parallelism.md)
+    parallel_dims = ("pp", "dp_replicate", "dp_shard", "cp", "sp", "tp")  # docs/parallelism.md
 
     # -- validation (no process group, no fsdp import) --------------------------------
     @classmethod
@@ -47,6 +50,7 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
         s = context.config.fsdp
         device = context.device_backend_cls.torch_type() if context.device_backend_cls else "cpu"
         problems += parallel.check(context.config, context.cluster.world_size(), device)
+        problems += check_pipeline_combination(context.config, context.cluster.world_size())
         if s.version == 1 and device == "cpu":
             problems.append("fsdp.version 1 (FullyShardedDataParallel) needs an accelerator (cuda, xpu, npu, hpu...) "
                             "and this run uses device 'cpu'; use fsdp.version: 2 (fully_shard runs on cpu/gloo), "
@@ -70,6 +74,13 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
                             f"{context.config.mixed_precision}; set fsdp.param_dtype: auto")
         return problems
 
+    @classmethod
+    def check_parallel_dims(cls, context: RunContext) -> list[str]:
+        sizes = parallel_sizes(context.config)
+        if sizes["pp"] > 1 and all(v == 1 for n, v in sizes.items() if n != "pp"):
+            return []  # dp_shard takes the other processes (parallel.sizes_of; parallel.check: pp divides them)
+        return super().check_parallel_dims(context)
+
     # -- process group ------------------------------------------------------------------
     def __init__(self, context: RunContext):
         super().__init__(context)
@@ -92,6 +103,16 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
         sizes = parallel.sizes_of(getattr(config, "parallelism", None), max(world_size, 1))
         shard, tp = sizes["dp_shard"] * sizes["cp"], sizes["tp"]
         n, trainable = counts["parameters"], counts.get("trainable", counts["parameters"])
+        stage_note = ""
+        if sizes["pp"] > 1 and getattr(config, "mixed_precision", "no") == "fp16":
+            raise IncompatibleSetupError(["pipeline parallel with fp16: the loss scaler cannot scale inside the "
+                                          "schedule; use bf16"])
+        if "pp_rank_max" in counts:  # pipeline: the rank holding the most parameters (memory_counts)
+            ratio = trainable / n if n else 1.0
+            n = counts["pp_rank_max"]
+            trainable = int(n * ratio)
+            stage_note = "pp: largest stage; per pp rank " + " / ".join(
+                f"{counts[f'pp_rank_{r}']:,}" for r in range(sizes["pp"]) if f"pp_rank_{r}" in counts) + " params"
         split = min(counts.get("tp_split", n), n) if tp > 1 else 0
 
         def per_rank(numel: int, nbytes: int) -> int:
@@ -105,6 +126,7 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
         if ep > 1 and counts.get("experts"):
             note = (f"ep_size {ep}: sharded state as without ep; a forward gathers {counts['experts'] // ep:,} of the "
                     f"{counts['experts']:,} expert parameters per rank (without ep: all)")
+        note = "; ".join(filter(None, (stage_note, note)))
         factor = shard * tp if split == n else shard
         return MemoryEstimate(parameters=per_rank(n, 4), gradients=per_rank(trainable, 4),
                               optimizer=per_rank(trainable, 8), sharding_factor=factor, note=note)
@@ -119,6 +141,8 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
             found = find_experts(model, config.parallelism.ep_plan or None, ep)
             experts = {"experts": sum(p.numel() for m in found.values() for p in m.parameters())}
         tp = config.parallelism.tp_size
+        if config.parallelism.pp_size > 1:
+            return pipeline_memory_counts(config.parallelism, model)  # (pp with tp is refused)
         if tp == 1:
             return experts
         plan, where = config.parallelism.tp_plan, "parallelism.tp_plan"
@@ -313,9 +337,11 @@ class FSDPStrategy(FSDPWrapping, FSDPCheckpoint, Strategy):
             for group in groups.values():
                 norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type)
                 norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # partial: reduce over shards
-        if not norms:
+        if not norms and not self.pipeline_enabled:
             return torch.tensor(0.0)
-        total = norms[0] if len(norms) == 1 else torch.nn.utils.get_total_norm(norms, norm_type)
+        total = (torch.tensor(0.0) if not norms else norms[0] if len(norms) == 1
+                 else torch.nn.utils.get_total_norm(norms, norm_type))
+        total = self.pipeline_total_norm(total, norm_type)  # pp: over the stages of every pp rank
         for group in groups.values():
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
