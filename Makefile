@@ -79,9 +79,14 @@ $(HF_VENV)/.installed: setup.cfg setup.py constraints.txt tests/compat_hf/constr
 	$(HF_PY) -m pip install -q -c constraints.txt --no-build-isolation -e . $(addprefix -e ,$(PLUGIN_DIRS))
 	touch $@
 
+# the parallelism tests that train transformers models (Ulysses attention, MoE experts, a Llama in a pipeline): they
+# skip in the main venv, which has no transformers, and run here
+HF_MODEL_TESTS = plugins/fsdp/tests/test_ulysses.py plugins/fsdp/tests/test_experts.py plugins/fsdp/tests/test_pipeline.py
+
 compat-hf: $(HF_VENV)/.installed
 	$(HF_PY) tests/compat_hf/run.py
 	$(HF_PY) -m pytest -q -p no:cacheprovider tests/big_modeling/test_big_model_hf.py
+	$(HF_PY) -m pytest -q -p no:cacheprovider $(HF_MODEL_TESTS)
 
 bench: setup
 	$(PY) benchmarks/run_all.py
