@@ -167,7 +167,7 @@ def test_parallelism_config_takes_pp_and_refuses_schedules_the_sizes_cannot_run(
     from torchbay import ConfigError, ParallelismConfig
 
     pc = ParallelismConfig(pp_size=2, dp_shard_size=2, pp_schedule="Interleaved1F1B", pp_microbatches=4)
-    assert pc.sizes == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1} and pc.total_size == 4
+    assert pc.sizes == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "sp": 1, "tp": 1} and pc.total_size == 4
     assert pc.to_config()["parallelism.pp_schedule"] == "Interleaved1F1B"
     assert ParallelismConfig().pp_size == 1
     with pytest.raises(ConfigError, match="pp_schedule 'Zigzag' is not a pipeline schedule; use one of GPipe"):
