@@ -57,10 +57,10 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self):
+    def __init__(self, blocks: int = BLOCKS):
         super().__init__()
         self.emb = nn.Embedding(VOCAB, DIM)
-        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
+        self.blocks = nn.ModuleList(Block() for _ in range(blocks))
         self.norm = nn.LayerNorm(DIM)
         self.head = nn.Linear(DIM, VOCAB)
 

@@ -5,25 +5,17 @@ single-process reference run."""
 from __future__ import annotations
 
 import torch
-from parallel_common import DIM, GLOBAL_BATCH, LR, SEQ, VOCAB, Block, dataset, write_json  # noqa: F401
+from parallel_common import DIM, GLOBAL_BATCH, LR, SEQ, VOCAB, Block, TinyGPT, dataset, write_json  # noqa: F401
 from torch import nn
 
 BLOCKS, K, S = 4, 3, 2  # blocks, steps, save after step S
 
 
-class PipeGPT(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, DIM)
-        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
-        self.norm = nn.LayerNorm(DIM)
-        self.head = nn.Linear(DIM, VOCAB)
+class PipeGPT(TinyGPT):
+    """parallel_common's model with four blocks."""
 
-    def forward(self, tokens):
-        x = self.emb(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
+    def __init__(self):
+        super().__init__(blocks=BLOCKS)
 
 
 def make_model(seed: int = 0) -> nn.Module:
