@@ -45,6 +45,7 @@ _LAZY = {
     "ProfileKwargs": "torchbay.config.handlers",
     "ProjectConfiguration": "torchbay.config.handlers",
     "ParallelismConfig": "torchbay.distributed.parallelism_config",
+    "DeepSpeedSequenceParallelConfig": "torchbay.distributed.parallelism_config",
     # big-model inference
     "cpu_offload": "torchbay.big_modeling.modeling",
     "cpu_offload_with_hook": "torchbay.big_modeling.modeling",
@@ -92,11 +93,11 @@ __getattr__, __dir__ = attach(__name__, _LAZY, otherwise=_accelerate_name)
 
 # -- public names for static tools: written from _LAZY by scripts/public_names.py (a test checks them) --
 __all__ = ["Accelerator", "AcceleratorState", "AutocastKwargs", "CheckpointError", "CheckpointIO", "ClusterEnvironment",
-           "ConfigError", "DDPCommunicationHookType", "DataLoaderConfiguration", "DeviceBackend",
-           "DistributedDataParallelKwargs", "DistributedType", "GradScalerKwargs", "GradientAccumulationPlugin",
-           "GradientState", "IncompatibleSetupError", "InitProcessGroupKwargs", "LaunchError", "LocalSGD",
-           "ParallelismConfig", "PartialState", "PluginError", "PluginManager", "Precision", "ProfileKwargs",
-           "ProjectConfiguration", "Strategy", "TorchbayError", "cpu_offload", "cpu_offload_with_hook",
+           "ConfigError", "DDPCommunicationHookType", "DataLoaderConfiguration", "DeepSpeedSequenceParallelConfig",
+           "DeviceBackend", "DistributedDataParallelKwargs", "DistributedType", "GradScalerKwargs",
+           "GradientAccumulationPlugin", "GradientState", "IncompatibleSetupError", "InitProcessGroupKwargs",
+           "LaunchError", "LocalSGD", "ParallelismConfig", "PartialState", "PluginError", "PluginManager", "Precision",
+           "ProfileKwargs", "ProjectConfiguration", "Strategy", "TorchbayError", "cpu_offload", "cpu_offload_with_hook",
            "debug_launcher", "disk_offload", "dispatch_model", "find_executable_batch_size", "get_logger",
            "get_plugin_manager", "hookimpl", "infer_auto_device_map", "init_empty_weights", "init_on_device",
            "load_checkpoint_and_dispatch", "load_checkpoint_in_model", "notebook_launcher", "prepare_data_loader",
@@ -137,7 +138,7 @@ if TYPE_CHECKING:
     )
     from torchbay.data.gradient_state import GradientState
     from torchbay.data.prepare import prepare_data_loader, skip_first_batches
-    from torchbay.distributed.parallelism_config import ParallelismConfig
+    from torchbay.distributed.parallelism_config import DeepSpeedSequenceParallelConfig, ParallelismConfig
     from torchbay.errors import (
         CheckpointError,
         ConfigError,

@@ -44,6 +44,15 @@ _LAZY = {
     "add_section_options": "torchbay.cli.options",
     "ParallelismConfig": "torchbay.distributed.parallelism_config",
     "MESH_ORDER": "torchbay.distributed.parallelism_config",
+    # what a strategy that builds the mesh checks (API 1.3): sizes, the pipeline's schedules, Ulysses' attention
+    "parallel_sizes": "torchbay.distributed.parallelism_config",
+    "SP_ATTN_IMPLEMENTATIONS": "torchbay.distributed.parallelism_config",
+    "refuse_recurrent_layers": "torchbay.distributed.sequence",
+    "SCHEDULES": "torchbay.distributed.pipeline_config",
+    "DEFAULT_SCHEDULE": "torchbay.distributed.pipeline_config",
+    "check_pipeline": "torchbay.distributed.pipeline_config",
+    "default_microbatches": "torchbay.distributed.pipeline_config",
+    "virtual_stages": "torchbay.distributed.pipeline_config",
     # Accelerate's config files as torchbay reads them (for an `accelerate` command a plugin serves; API 1.2)
     "load_config_from_file": "torchbay.compat.accelerate_config_file",
     "default_config_file": "torchbay.compat.accelerate_config_file",
@@ -70,14 +79,15 @@ _LAZY = {
 __getattr__, __dir__ = attach(__name__, _LAZY)
 
 # -- public names for static tools: written from _LAZY by scripts/public_names.py (a test checks them) --
-__all__ = ["API_VERSION", "CheckpointError", "CheckpointIO", "ClusterEnvironment", "ConfigError", "DeviceBackend",
-           "GeneralTracker", "IncompatibleSetupError", "LaunchError", "LazyClass", "MESH_ORDER", "MemoryEstimate",
-           "ParallelismConfig", "PluginError", "Precision", "PreparedScheduler", "RunContext", "Section",
-           "StagingBuffer", "Strategy", "TorchbayError", "TrackerError", "add_section_options", "dcp_files_of_rank",
-           "dcp_load", "dcp_load_full", "default_config_file", "file_record", "flatten", "flops_key", "fsync_dir",
-           "hookimpl", "hparam_value", "library_version", "load_config_from_file", "optimizer_owners", "publish_model",
-           "read_fragment", "read_manifest", "read_scalars", "remove_own_checkpoint", "safe_torch_load", "say",
-           "split_scalars", "to_python"]
+__all__ = ["API_VERSION", "CheckpointError", "CheckpointIO", "ClusterEnvironment", "ConfigError", "DEFAULT_SCHEDULE",
+           "DeviceBackend", "GeneralTracker", "IncompatibleSetupError", "LaunchError", "LazyClass", "MESH_ORDER",
+           "MemoryEstimate", "ParallelismConfig", "PluginError", "Precision", "PreparedScheduler", "RunContext",
+           "SCHEDULES", "SP_ATTN_IMPLEMENTATIONS", "Section", "StagingBuffer", "Strategy", "TorchbayError",
+           "TrackerError", "add_section_options", "check_pipeline", "dcp_files_of_rank", "dcp_load", "dcp_load_full",
+           "default_config_file", "default_microbatches", "file_record", "flatten", "flops_key", "fsync_dir",
+           "hookimpl", "hparam_value", "library_version", "load_config_from_file", "optimizer_owners", "parallel_sizes",
+           "publish_model", "read_fragment", "read_manifest", "read_scalars", "refuse_recurrent_layers",
+           "remove_own_checkpoint", "safe_torch_load", "say", "split_scalars", "to_python", "virtual_stages"]
 
 if TYPE_CHECKING:
     from torchbay.accelerator.prepared import PreparedScheduler
@@ -92,7 +102,20 @@ if TYPE_CHECKING:
     from torchbay.cli.options import add_section_options
     from torchbay.compat.accelerate_config_file import default_config_file, load_config_from_file
     from torchbay.config.model import Section
-    from torchbay.distributed.parallelism_config import MESH_ORDER, ParallelismConfig
+    from torchbay.distributed.parallelism_config import (
+        MESH_ORDER,
+        SP_ATTN_IMPLEMENTATIONS,
+        ParallelismConfig,
+        parallel_sizes,
+    )
+    from torchbay.distributed.pipeline_config import (
+        DEFAULT_SCHEDULE,
+        SCHEDULES,
+        check_pipeline,
+        default_microbatches,
+        virtual_stages,
+    )
+    from torchbay.distributed.sequence import refuse_recurrent_layers
     from torchbay.errors import (
         CheckpointError,
         ConfigError,

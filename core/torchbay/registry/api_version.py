@@ -15,7 +15,8 @@ import path, so that a run that does not select it never imports it), ``StagingB
 asynchronous save reuses) and ``Strategy.release_checkpoint_staging``; 1.2 adds ``load_config_from_file`` and
 ``default_config_file`` (Accelerate's config files as torchbay reads them, for an ``accelerate`` command a plugin
 serves: its accelerate.yaml's ``api: commands``); 1.3 adds ``DeviceBackend.peak_flops(dtype)`` (the device's published
-peak, for telemetry's MFU; the base answers ``None``, unknown).
+peak, for telemetry's MFU; the base answers ``None``, unknown) and what a strategy that builds the mesh checks
+(``parallel_sizes``, the pipeline's ``SCHEDULES`` and ``check_pipeline``, Ulysses' ``SP_ATTN_IMPLEMENTATIONS``).
 """
 
 from __future__ import annotations

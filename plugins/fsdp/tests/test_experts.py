@@ -124,13 +124,13 @@ def test_the_parallelism_section_is_checked_before_any_process():
 
 
 def test_estimate_memory_takes_ep_size_and_says_what_a_forward_gathers(tmp_path, monkeypatch, capsys):
-    from torchbay.cli.main import main
+    from torchbay.testing.cli import run_command
 
     (tmp_path / "moe_factory.py").write_text(f"import sys\nsys.path.insert(0, {os.path.dirname(SCRIPT)!r})\n"
                                              f"from experts_train import TinyMoE\ndef build():\n    return TinyMoE()\n")
     monkeypatch.chdir(tmp_path)
-    assert main(["estimate-memory", "moe_factory:build", "--num-processes", "4", "--dp-shard-size", "4",
-                 "--ep-size", "2", "--format", "json"]) == 0
+    assert run_command("estimate-memory", "moe_factory:build", "--num-processes", "4", "--dp-shard-size", "4",
+                 "--ep-size", "2", "--format", "json") == 0
     rows = {r["strategy"]: r for r in json.loads(capsys.readouterr().out)["rows"] if r["precision"] == "-"
             or r["strategy"] == "fsdp"}
     experts = 2 * 3 * 4 * 32 * 16  # layers x (w1, w2, w3) x experts x 2*DIM x DIM

@@ -150,10 +150,10 @@ def test_merge_weights_writes_the_full_model_of_a_pipeline_checkpoint(four, run,
     """pp2_ddp2 saved with save_state(blocking=False)."""
     from safetensors.torch import load_file
 
-    from torchbay.cli.main import main
+    from torchbay.testing.cli import run_command
 
     out, _ = four
-    assert main(["merge-weights", str(out / folder), str(out / f"{folder}_merged")]) == 0
+    assert run_command("merge-weights", str(out / folder), str(out / f"{folder}_merged")) == 0
     merged = load_file(str(out / f"{folder}_merged" / "model.safetensors"))
     expected = torch.load(out / f"{run}_weights_at_S.pt", weights_only=True)
     assert set(merged) == set(expected) and all(torch.equal(merged[k], expected[k]) for k in expected)
@@ -254,14 +254,14 @@ def test_stage_placement_and_theoretical_bubble_follow_torchs_schedules():
 
 
 def test_estimate_memory_takes_pp_size_and_counts_the_largest_stage(tmp_path, monkeypatch, capsys):
-    from torchbay.cli.main import main
+    from torchbay.testing.cli import run_command
 
     (tmp_path / "pipe_gpt_factory.py").write_text(
         f"import sys\nsys.path.insert(0, {SCRIPTS!r})\nfrom pipeline_common import PipeGPT\n"
         f"def build():\n    return PipeGPT()\n")
     monkeypatch.chdir(tmp_path)
-    assert main(["estimate-memory", "pipe_gpt_factory:build", "--num-processes", "4", "--pp-size", "2",
-                 "--dp-shard-size", "2", "--format", "json"]) == 0
+    assert run_command("estimate-memory", "pipe_gpt_factory:build", "--num-processes", "4", "--pp-size", "2",
+                 "--dp-shard-size", "2", "--format", "json") == 0
     report = json.loads(capsys.readouterr().out)
     assert report["parallelism"]["pp"] == 2
     rows = {(r["strategy"], r["precision"]): r for r in report["rows"]}

@@ -51,7 +51,7 @@ def test_loss_gradients_and_weights_equal_the_unsharded_run(trained):
 
 
 def test_accelerates_spellings_are_accepted():
-    from torchbay.utils import DeepSpeedSequenceParallelConfig, ParallelismConfig
+    from torchbay import DeepSpeedSequenceParallelConfig, ParallelismConfig
 
     pc = ParallelismConfig(sp_backend="deepspeed", sp_size=2, sp_handler=DeepSpeedSequenceParallelConfig())
     assert pc.sp_enabled and pc.sp_handler.sp_seq_length_is_variable is True
@@ -61,7 +61,7 @@ def test_accelerates_spellings_are_accepted():
 
 
 def test_sp_config_errors_name_the_fix(monkeypatch):
-    from torchbay.utils import DeepSpeedSequenceParallelConfig, ParallelismConfig
+    from torchbay import DeepSpeedSequenceParallelConfig, ParallelismConfig
 
     with pytest.raises(ValueError, match="Invalid sp_attn_implementation"):
         DeepSpeedSequenceParallelConfig(sp_attn_implementation="foobar")

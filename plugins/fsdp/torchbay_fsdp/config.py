@@ -7,8 +7,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field
 
-from torchbay.distributed.pipeline_config import DEFAULT_SCHEDULE, SCHEDULES
-from torchbay.plugin import Section
+from torchbay.plugin import DEFAULT_SCHEDULE, SCHEDULES, Section
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 

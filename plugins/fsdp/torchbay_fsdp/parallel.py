@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from torchbay.distributed.pipeline_config import check_pipeline
-from torchbay.plugin import MESH_ORDER
+from torchbay.plugin import MESH_ORDER, check_pipeline
 from torchbay_fsdp.experts.checks import check_expert_parallel
 from torchbay_fsdp.tensor_parallel import check_styles
 from torchbay_fsdp.ulysses.checks import check_sequence_parallel

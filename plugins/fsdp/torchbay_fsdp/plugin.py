@@ -13,8 +13,7 @@ import json
 
 import torch
 
-from torchbay.distributed.pipeline_config import SCHEDULES
-from torchbay.plugin import LazyClass, add_section_options, hookimpl
+from torchbay.plugin import SCHEDULES, LazyClass, add_section_options, hookimpl
 from torchbay_fsdp import __version__
 from torchbay_fsdp.config import FSDPConfig, ParallelismSection
 
@@ -85,7 +84,7 @@ def torchbay_config_sections():
 def torchbay_add_cli_options(parser, command):
     if command == "estimate-memory":  # per-rank memory for the given parallel sizes (the stage placement: --set)
         _add_parallel_flags(parser, skip=("--pp-microbatches", "--pp-virtual-stages", "--pp-split-points",
-                                          "--pp-schedule"))
+                                          "--pp-schedule", "--sp-attn-implementation", "--sp-seq-length"))
     if command not in ("launch", "test"):
         return
     add_section_options(parser.add_argument_group("fsdp (strategy: fsdp)"), "fsdp", FSDPConfig, flags=_FLAGS)

@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchbay.distributed.parallelism_config import parallel_sizes
 from torchbay.errors import IncompatibleSetupError, TorchbayError
-from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy
+from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy, parallel_sizes
 from torchbay_fsdp import parallel
 from torchbay_fsdp.checkpoint import FSDPCheckpoint
 from torchbay_fsdp.experts import WEIGHTS_ATTRIBUTE, apply_expert_parallel, expert_mesh, gather_experts

@@ -70,8 +70,7 @@ def full(t):
 
 
 def run(name: str, pc_kwargs: dict, attn: str) -> dict:
-    from torchbay import Accelerator
-    from torchbay.utils import DeepSpeedSequenceParallelConfig, ParallelismConfig
+    from torchbay import Accelerator, DeepSpeedSequenceParallelConfig, ParallelismConfig
 
     if "eager" in name:
         pc_kwargs = {**pc_kwargs, "sp_handler": DeepSpeedSequenceParallelConfig(sp_attn_implementation="eager")}

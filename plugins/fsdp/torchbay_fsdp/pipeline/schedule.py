@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from torchbay.distributed.pipeline_config import SCHEDULES, default_microbatches, virtual_stages
+from torchbay.plugin import SCHEDULES, default_microbatches, virtual_stages
 
 
 def stage_indices(schedule: str, pp_rank: int, pp_size: int, virtual: int | None) -> list[int]:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchbay.distributed.parallelism_config import SP_ATTN_IMPLEMENTATIONS
-from torchbay.distributed.sequence import refuse_recurrent_layers
 from torchbay.errors import ConfigError
+from torchbay.plugin import SP_ATTN_IMPLEMENTATIONS, refuse_recurrent_layers
 
 WHERE = "parallelism"
 
