@@ -132,7 +132,8 @@ def test_estimate_memory_from_import_path(capsys, monkeypatch):
     assert "refused: mixed_precision fp8" in refused and "MiB" not in refused
     # every row's precision starts in the header's PRECISION column
     column = lines[1].index("PRECISION")
-    assert all(line[column:].split()[0] in ("no", "fp16", "bf16", "fp8", "fp4", "-") for line in lines[2:] if "MiB" in line)
+    precisions = ("no", "fp16", "bf16", "fp8", "fp4", "-")
+    assert all(line[column:].split()[0] in precisions for line in lines[2:] if "MiB" in line)
     assert refused[column:].startswith("fp8")
 
 
