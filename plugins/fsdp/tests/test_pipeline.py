@@ -241,6 +241,11 @@ def test_models_and_split_points_the_split_cannot_use_are_refused_with_the_fix()
         plan_split(model, 8)
     with pytest.raises(ConfigError, match=r"Sequential has no block list .* set parallelism.pp_size 1"):
         plan_split(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()), 2)
+    tied = common.make_model()
+    tied.head.weight = tied.emb.weight  # an output head tied to the input embedding, as many language models do
+    with pytest.raises(ConfigError, match=r"ties emb\.weight and head\.weight .* stages \[0, 1\].*tie_word_embeddings"):
+        plan_split(tied, 2)
+    assert plan_split(tied, 1).num_stages == 1  # one stage holds both: nothing to refuse
 
 
 def test_stage_placement_and_theoretical_bubble_follow_torchs_schedules():

@@ -94,7 +94,24 @@ def plan_split(model: torch.nn.Module, num_stages: int, split_points: list[str] 
         head = sum(p.numel() for name, p in params.items() if _under(name, pre))
         tail = sum(p.numel() for name, p in params.items() if _under(name, post))
         ranges = balance(counts, num_stages, head, tail)
-    return SplitPlan(blocks, n, tuple(pre), tuple(post), tuple(ranges))
+    plan = SplitPlan(blocks, n, tuple(pre), tuple(post), tuple(ranges))
+    _refuse_ties_across_stages(model, plan, where)
+    return plan
+
+
+def _refuse_ties_across_stages(model: torch.nn.Module, plan: SplitPlan, where: str) -> None:
+    """A parameter shared by modules of two stages (an output head tied to the input embedding) would become two
+    copies, each trained with half of its gradient: refused, with the way out."""
+    names_of: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(param), []).append(name)
+    for names in names_of.values():
+        stages = {next(s for s in range(plan.num_stages) if plan.owns(s, name)) for name in names}
+        if len(stages) > 1:
+            raise ConfigError(f"{where}.pp_size {plan.num_stages}: {type(model).__name__} ties {' and '.join(names)} "
+                              f"(one parameter), which the split puts on stages {sorted(stages)}; each stage would "
+                              f"train its own copy. Untie them (a Hugging Face model: tie_word_embeddings=False in its "
+                              f"config), or choose pp_split_points that keep them on one stage, or set pp_size 1")
 
 
 def _under(name: str, prefixes) -> bool:
