@@ -173,7 +173,15 @@ class Strategy(FullStateCheckpoint):
                    "install a strategy plugin that offers them")
             return [f"strategy '{cls.name}' cannot build the parallel dimension(s) {', '.join(wanted)} "
                     f"({settings}); {fix}, or set those sizes to 1"]
-        return validate_sizes(sizes, context.cluster.world_size())
+        world_size = context.cluster.world_size()
+        return validate_sizes(cls.built_sizes(context.config, world_size), world_size)
+
+    @classmethod
+    def built_sizes(cls, config: Any, world_size: int) -> dict[str, int]:
+        """The mesh sizes this strategy builds for ``config`` on ``world_size`` processes: the ``parallelism``
+        section's as given; a strategy that gives the processes left to one dimension (fsdp: ``pp_size`` alone
+        shards each stage over the rest) says so here, and both the run's check and ``estimate-memory`` use it."""
+        return parallel_sizes(config)
 
     @classmethod
     def launch_env(cls, local_world_size: int, config: Any, device_cls: Any) -> dict[str, str]:

@@ -193,7 +193,7 @@ def estimate(counts: dict[str, int], resolved, pm, world_size: int, module: Any 
             rows.append({"strategy": name, "precision": "-", "estimate": None,
                          "note": f"cannot build the parallel dimension(s) {', '.join(missing)}"})
             continue
-        wrong = validate_sizes(sizes, world_size) if active else []
+        wrong = validate_sizes(cls.built_sizes(resolved.config, world_size), world_size) if active else []
         if wrong:
             rows.append({"strategy": name, "precision": "-", "estimate": None, "note": wrong[0]})
             continue

@@ -273,6 +273,11 @@ def test_estimate_memory_takes_pp_size_and_counts_the_largest_stage(tmp_path, mo
     assert rows[("fsdp", "no")]["parameters"] == 7104 * 4 // 2  # the last stage's, sharded over dp_shard 2
     assert "per pp rank 7,040 / 7,104 params" in rows[("fsdp", "no")]["note"]
     assert rows[("fsdp", "fp16")]["note"].startswith("refused: pipeline parallel with fp16")
+    # pp_size alone: dp_shard takes the processes left, as at run time (4 processes: pp 2 x dp_shard 2)
+    assert run_command("estimate-memory", "pipe_gpt_factory:build", "--num-processes", "4", "--pp-size", "2",
+                       "--format", "json") == 0
+    alone = {(r["strategy"], r["precision"]): r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert alone[("fsdp", "no")]["parameters"] == rows[("fsdp", "no")]["parameters"]
     assert rows[("ddp", "-")]["note"].startswith("cannot build the parallel dimension(s) pp")
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchbay.errors import IncompatibleSetupError, TorchbayError
-from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy, parallel_sizes
+from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy
 from torchbay_fsdp import parallel
 from torchbay_fsdp.checkpoint import FSDPCheckpoint
 from torchbay_fsdp.experts import WEIGHTS_ATTRIBUTE, apply_expert_parallel, expert_mesh, gather_experts
@@ -74,11 +74,8 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
         return problems
 
     @classmethod
-    def check_parallel_dims(cls, context: RunContext) -> list[str]:
-        sizes = parallel_sizes(context.config)
-        if sizes["pp"] > 1 and all(v == 1 for n, v in sizes.items() if n != "pp"):
-            return []  # dp_shard takes the other processes (parallel.sizes_of; parallel.check: pp divides them)
-        return super().check_parallel_dims(context)
+    def built_sizes(cls, config, world_size: int) -> dict[str, int]:
+        return parallel.sizes_of(config.parallelism, world_size)  # dp_shard takes the processes no size names
 
     # -- process group ------------------------------------------------------------------
     def __init__(self, context: RunContext):
