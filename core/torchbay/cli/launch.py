@@ -66,7 +66,8 @@ def launch_command(args: argparse.Namespace) -> int:
     plan, context, env = prepare(resolved, pm)
     check_port_free(plan)
     setup = (f"device {context.device_backend_cls.name}, strategy {context.strategy_cls.name}, "
-             f"mixed_precision {resolved.config.mixed_precision}") + _mesh(resolved.config)
+             f"mixed_precision {resolved.config.mixed_precision}") + \
+        _mesh(resolved.config, context.strategy_cls.built_sizes(resolved.config, plan.num_processes))
     if args.dry_run:
         print("\n".join(plan.describe()))
         print(f"set-up: {setup}{_found_config(args)}")
@@ -157,11 +158,12 @@ def _exit_now(code: int) -> None:
     fast_exit(code, logging.shutdown)
 
 
-def _mesh(config) -> str:
-    """``, mesh pp 2 x dp_shard 2 (pp schedule 1F1B)`` for the parallel sizes > 1, else nothing."""
+def _mesh(config, sizes: dict[str, int]) -> str:
+    """``, mesh pp 2 x dp_shard 2 (pp schedule 1F1B)`` for the sizes > 1 the strategy builds, else nothing."""
     from torchbay.distributed.parallelism_config import parallel_sizes
 
-    sizes = parallel_sizes(config)
+    if all(size == 1 for size in parallel_sizes(config).values()):
+        return ""  # no parallelism asked for: the strategy's default layout, not worth a line
     mesh = " x ".join(f"{dim} {size}" for dim, size in sizes.items() if size > 1)
     schedule = getattr(getattr(config, "parallelism", None), "pp_schedule", None)
     return (f", mesh {mesh}" + (f" (pp schedule {schedule})" if sizes.get("pp", 1) > 1 and schedule else "")

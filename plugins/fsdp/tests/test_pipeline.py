@@ -273,12 +273,22 @@ def test_estimate_memory_takes_pp_size_and_counts_the_largest_stage(tmp_path, mo
     assert rows[("fsdp", "no")]["parameters"] == 7104 * 4 // 2  # the last stage's, sharded over dp_shard 2
     assert "per pp rank 7,040 / 7,104 params" in rows[("fsdp", "no")]["note"]
     assert rows[("fsdp", "fp16")]["note"].startswith("refused: pipeline parallel with fp16")
+    assert rows[("ddp", "-")]["note"].startswith("cannot build the parallel dimension(s) pp")
     # pp_size alone: dp_shard takes the processes left, as at run time (4 processes: pp 2 x dp_shard 2)
     assert run_command("estimate-memory", "pipe_gpt_factory:build", "--num-processes", "4", "--pp-size", "2",
                        "--format", "json") == 0
     alone = {(r["strategy"], r["precision"]): r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert alone[("fsdp", "no")]["parameters"] == rows[("fsdp", "no")]["parameters"]
-    assert rows[("ddp", "-")]["note"].startswith("cannot build the parallel dimension(s) pp")
+
+
+def test_the_launch_set_up_line_shows_the_mesh_the_strategy_builds(tmp_path, capsys):
+    from torchbay.testing.cli import run_command
+
+    script = tmp_path / "train.py"
+    script.write_text("print('never run by --dry-run')\n")
+    assert run_command("launch", "--dry-run", "--strategy", "fsdp", "--num-processes", "4", "--pp-size", "2",
+                       str(script)) == 0
+    assert "mesh pp 2 x dp_shard 2 (pp schedule 1F1B)" in capsys.readouterr().out  # dp_shard: the processes left
 
 
 def _live(marker: str) -> list[str]:
