@@ -179,7 +179,7 @@ class Strategy(FullStateCheckpoint):
     @classmethod
     def built_sizes(cls, config: Any, world_size: int) -> dict[str, int]:
         """The mesh sizes this strategy builds for ``config`` on ``world_size`` processes: the ``parallelism``
-        section's as given; a strategy that gives the processes left to one dimension (fsdp: ``pp_size`` alone
+        section's as given; a strategy that gives the processes left to one dimension (a pipeline strategy: ``pp_size`` alone
         shards each stage over the rest) says so here, and both the run's check and ``estimate-memory`` use it."""
         return parallel_sizes(config)
 
