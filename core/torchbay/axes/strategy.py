@@ -179,8 +179,9 @@ class Strategy(FullStateCheckpoint):
     @classmethod
     def built_sizes(cls, config: Any, world_size: int) -> dict[str, int]:
         """The mesh sizes this strategy builds for ``config`` on ``world_size`` processes: the ``parallelism``
-        section's as given; a strategy that gives the processes left to one dimension (a pipeline strategy: ``pp_size`` alone
-        shards each stage over the rest) says so here, and both the run's check and ``estimate-memory`` use it."""
+        section's as given; a strategy that gives the processes left to one dimension (e.g. ``pp_size`` alone, each
+        stage sharded over the rest) says so here, and the run's check, ``estimate-memory`` and the launch line use
+        it."""
         return parallel_sizes(config)
 
     @classmethod
