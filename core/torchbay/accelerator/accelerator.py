@@ -15,6 +15,7 @@ from typing import Any, Iterable
 import torch
 
 from torchbay.accelerator.checkpointed import CheckpointedState
+from torchbay.accelerator.handler_settings import check_handler_modes, settings_of_handlers
 from torchbay.accelerator.prepare import Preparation
 from torchbay.accelerator.process import ProcessControl
 from torchbay.accelerator.state_io import StateSaving, refuse_unsupported
@@ -56,28 +57,6 @@ _SYNC_STEP = contextlib.nullcontext()
 
 def _explicit_args(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
-
-
-def _handler_settings(handlers: Iterable[Any], pm) -> dict[str, tuple[Any, str]]:
-    """Config settings that kwargs handlers carry (a plugin's handler standing for one of Accelerate's nested
-    configs, e.g. ``TERecipeKwargs`` for ``fp8_config``): ``{dotted key: (value, source label)}``."""
-    out: dict[str, tuple[Any, str]] = {}
-    for handler in handlers:
-        if getattr(handler, "accelerate_section", None):
-            from torchbay.compat.config_import import handler_settings  # the Accelerate tables: only when asked
-
-            out.update(handler_settings(handler, pm))
-    return out
-
-
-def _check_handler_modes(handlers: Iterable[Any], mode: str) -> None:
-    """A handler that only means something in some ``mixed_precision`` modes, given in another one."""
-    for handler in handlers:
-        modes = getattr(handler, "needs_mixed_precision", None)
-        if modes and mode not in modes:
-            raise ConfigError(f"kwargs_handlers: {type(handler).__name__} configures mixed_precision "
-                              f"{' or '.join(repr(m) for m in modes)}, but mixed_precision is {mode!r}; pass "
-                              f"mixed_precision={modes[0]!r} (or set it in the config), or drop the handler")
 
 
 class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, StateSaving, AcceleratorViews):
@@ -130,10 +109,10 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
                 args["process_group_timeout_s"] = ipg.timeout.total_seconds()
 
         self.pm = get_plugin_manager()
-        sourced = _handler_settings(self.handlers.values(), self.pm)
+        sourced = settings_of_handlers(self.handlers.values(), self.pm)
         resolved = (config if isinstance(config, ResolvedConfig)
                     else resolve_config(file=config_file, args=args, pm=self.pm, sourced=sourced))
-        _check_handler_modes(self.handlers.values(), resolved.config.mixed_precision)
+        check_handler_modes(self.handlers.values(), resolved.config.mixed_precision)
         _make_picklable(self.pm, resolved.config)
         self.context = build_context(resolved, self.pm)
         self.context.kwargs_handlers = self.handlers
