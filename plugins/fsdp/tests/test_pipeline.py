@@ -2,7 +2,8 @@
 
 Process launches: scripts/pipeline_train.py with 2 processes (pp 2 with each schedule, with split
 points, with gradient accumulation, built on the meta device) and with 4 (pp 2 x dp_shard 2 with a
-save_state, pp 2 x tp 2, pp 2 x dp_replicate 2 with save_state(blocking=False)), scripts/pipeline_hf.py
+save_state, pp 2 x tp 2, pp 2 x dp_replicate 2 with save_state(blocking=False), pp 2 x dp_shard 2 with
+gradient accumulation: one reduction per window), scripts/pipeline_hf.py
 with 2 (a tiny Hugging Face Llama at pp 2), then
 scripts/pipeline_resume.py with 4 (same shape), 1 (resharded, saving again) and 4 again (from the
 one-process checkpoint). Each run is compared with a single-process reference computed in the
@@ -33,7 +34,7 @@ import pipeline_common as common  # noqa: E402
 
 TWO = ["gpipe", "1f1b", "interleaved", "zero_bubble", "zbv", "split_points", "accumulate"]
 META = "meta_init"
-FOUR = ["pp2_dp2", "pp2_tp2", "pp2_ddp2"]
+FOUR = ["pp2_dp2", "pp2_tp2", "pp2_ddp2", "pp2_dp2_accumulate"]
 
 
 @pytest.fixture(scope="module")
@@ -117,10 +118,12 @@ def test_pp2_with_data_parallel_matches_a_single_process(four, run):
     got = result[run]
     _check_matches_reference(got)
     dims = {"pp2_dp2": (["pp", "dp_shard"], [2, 2]), "pp2_ddp2": (["pp", "dp_replicate", "dp_shard"], [2, 2, 1]),
-            "pp2_tp2": (["pp", "dp_shard", "tp"], [2, 1, 2])}
+            "pp2_tp2": (["pp", "dp_shard", "tp"], [2, 1, 2]), "pp2_dp2_accumulate": (["pp", "dp_shard"], [2, 2])}
     assert (got["mesh_dims"], got["mesh_shape"]) == dims[run]
     if run == "pp2_dp2":  # each stage sharded over its 2 data-parallel ranks: half a pp 2 rank's bytes
         assert got["param_bytes"] == [b // 2 for b in [28160, 28160, 28416, 28416]]
+    if run == "pp2_dp2_accumulate":  # gradients reduced once per window: none on any rank before its last step
+        assert got["grads_mid_window"] == [False] * (common.K * 4), got["grads_mid_window"]
     if run == "pp2_tp2":  # the blocks split over tp (embedding, norms and head whole)
         assert got["param_bytes"] == [15488, 15488, 15744, 15744]
 

@@ -21,6 +21,7 @@ from torchbay_fsdp import parallel
 from torchbay_fsdp.checkpoint import FSDPCheckpoint
 from torchbay_fsdp.experts import WEIGHTS_ATTRIBUTE, apply_expert_parallel, expert_mesh, gather_experts
 from torchbay_fsdp.experts.modules import find_experts
+from torchbay_fsdp.pipeline.model import PipelineModel
 from torchbay_fsdp.pipeline.split import memory_counts as pipeline_memory_counts
 from torchbay_fsdp.pipeline.wrap import PipelineWrapping, check_pipeline_combination
 from torchbay_fsdp.tensor_parallel import model_plan, resolve_plan, style_kind
@@ -312,6 +313,8 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
             return model.no_sync()
         if isinstance(model, FSDPModule):
             return _gradient_sync_off(model)
+        if isinstance(model, PipelineModel):  # its stages reduce once per accumulation window
+            return model.gradient_sync_off()
         return contextlib.nullcontext()
 
     def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

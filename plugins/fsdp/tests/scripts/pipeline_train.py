@@ -29,12 +29,13 @@ RUNS = {
     "pp2_dp2": dict(pp_size=2, dp_shard_size=2, pp_schedule="1F1B", pp_microbatches=2),
     "pp2_tp2": dict(pp_size=2, tp_size=2, pp_schedule="1F1B", pp_microbatches=2, tp_plan=PLAN),
     "pp2_ddp2": dict(pp_size=2, dp_replicate_size=2, pp_schedule="GPipe", pp_microbatches=2),
+    "pp2_dp2_accumulate": dict(pp_size=2, dp_shard_size=2, pp_schedule="1F1B", pp_microbatches=2),
 }
 
 
 def run(name: str, out: str) -> dict:
     ref_losses, ref_norms, ref_state = reference()
-    accumulation = 2 if name == "accumulate" else 1
+    accumulation = 2 if name in ("accumulate", "pp2_dp2_accumulate") else 1
     acc = Accelerator(strategy="fsdp", seed=0, parallelism_config=ParallelismConfig(**RUNS[name]),
                       gradient_accumulation_steps=accumulation,
                       config={"fsdp": {"transformer_layer_cls_to_wrap": ["Block"]}})
@@ -51,13 +52,15 @@ def run(name: str, out: str) -> dict:
         return meta_init_result(acc, model, opt, loader)
     names = acc.strategy.all_gather_object(sorted(n for n, _ in model.named_parameters()))
     param_bytes = acc.gather(torch.tensor([local_param_bytes(model)])).tolist()
-    losses, norms, metrics, window = [], [], [], []
+    losses, norms, metrics, window, grads_mid_window = [], [], [], [], []
     for step, (ids, tokens) in enumerate(loader):
         with acc.accumulate(model):
             loss = acc.pipeline_loss(model, tokens[:, :-1], tokens[:, 1:], loss_fn)
             acc.backward(loss)
             if acc.sync_gradients:
                 norms.append(acc.clip_grad_norm_(model.parameters(), 1.0).item())
+            else:  # reduced gradients appear only at the window's last step (held unsharded until then)
+                grads_mid_window.append(any(p.grad is not None for p in model.parameters()))
             opt.step()
             opt.zero_grad()
         window.append(acc.gather(loss.detach()[None]))  # every rank's view of the loss
@@ -81,6 +84,7 @@ def run(name: str, out: str) -> dict:
     state = acc.get_state_dict(model)
     result = {"losses": losses, "reference_losses": ref_losses, "norms": norms, "reference_norms": ref_norms,
               "eval_loss": eval_loss, "names": names, "gathered_for_metrics": metrics, "param_bytes": param_bytes,
+              "grads_mid_window": sum(acc.strategy.all_gather_object(grads_mid_window), []),
               "mesh_dims": list(acc.torch_device_mesh.mesh_dim_names),
               "mesh_shape": list(acc.torch_device_mesh.shape)}
     if acc.is_main_process:

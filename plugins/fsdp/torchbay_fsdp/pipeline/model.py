@@ -10,13 +10,15 @@ one training step (forward and backward over the micro-batches) or, in eval mode
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from torchbay.errors import ConfigError, TorchbayError
+from torchbay_fsdp.pipeline.reduction import reduction_deferred
 
 
 class PipelineModel(nn.Module):
@@ -36,6 +38,7 @@ class PipelineModel(nn.Module):
         self.plan = plan
         self._loss_fn: Callable | None = None
         self._scale = 1.0
+        self._reduce = True  # False inside accelerator.accumulate's non-final steps (gradient_sync_off)
         self.schedule = None  # built by the strategy once the stages exist
         self.eval_schedule = None  # forward only, where the schedule's own eval cannot run
         self.state_order: list[str] = []  # the user's model's state-dict keys, in its order (set by the strategy)
@@ -62,6 +65,16 @@ class PipelineModel(nn.Module):
                             "holds some of its stages; compute the loss with accelerator.pipeline_loss(model, inputs, "
                             "target, loss_fn) (docs/parallelism.md, 'Pipeline parallel')")
 
+    @contextlib.contextmanager
+    def gradient_sync_off(self) -> Iterator[None]:
+        """The strategy's ``no_sync``: training steps run inside keep their gradients unsharded and accumulated
+        (:mod:`.reduction`); the next step outside reduces the window's sum once."""
+        self._reduce = False
+        try:
+            yield
+        finally:
+            self._reduce = True
+
     def scheduled_loss(self, output: torch.Tensor, target: Any) -> torch.Tensor:
         """The schedule's loss function: the user's, divided by the micro-batches and the accumulation steps."""
         return self._loss_fn(output, target) * self._scale
@@ -80,7 +93,8 @@ class PipelineModel(nn.Module):
         kwargs = {"inputs": tuple(inputs), "input_kwargs": dict(input_kwargs or {})}
         try:
             if train:
-                self.schedule.step(target=target, losses=losses, return_outputs=False, **kwargs)
+                with contextlib.nullcontext() if self._reduce else reduction_deferred(self.torch_stages):
+                    self.schedule.step(target=target, losses=losses, return_outputs=False, **kwargs)
             else:
                 (self.eval_schedule or self.schedule).eval(target=target, losses=losses, **kwargs)
         except Exception as exc:  # the launcher's failure report shows the note with the traceback
