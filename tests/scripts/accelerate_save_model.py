@@ -1,6 +1,6 @@
 """Hugging Face Accelerate's own ``save_model`` on the model of tests/checkpoint/test_save_model_layout.py,
 run in a subprocess (the real library, without torchbay's switch): one call per
-``FOLDER SHARD_SIZE`` pair of the command line, in order."""
+``FOLDER SHARD_SIZE`` pair of the command line, in order (``SHARD_SIZE:bin``: ``safe_serialization=False``)."""
 import sys
 
 import torch
@@ -23,5 +23,6 @@ if __name__ == "__main__":
     model = accelerator.prepare(build_model())
     pairs = sys.argv[1:]
     for folder, shard_size in zip(pairs[::2], pairs[1::2]):
-        accelerator.save_model(model, folder, max_shard_size=shard_size)
+        size, _, form = shard_size.partition(":")
+        accelerator.save_model(model, folder, max_shard_size=size, safe_serialization=form != "bin")
     print("saved with accelerate", accelerate.__version__)

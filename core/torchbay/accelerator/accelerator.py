@@ -18,7 +18,7 @@ from torchbay.accelerator.checkpointed import CheckpointedState
 from torchbay.accelerator.handler_settings import check_handler_modes, settings_of_handlers
 from torchbay.accelerator.prepare import Preparation
 from torchbay.accelerator.process import ProcessControl
-from torchbay.accelerator.state_io import StateSaving, refuse_unsupported
+from torchbay.accelerator.state_io import StateSaving
 from torchbay.accelerator.surface import plugin_objects
 from torchbay.accelerator.surface import translate as translate_accelerate_arguments
 from torchbay.accelerator.tracking import Tracking
@@ -304,7 +304,8 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
 
     def save_model(self, model: Any, save_directory: str, max_shard_size: str = "10GB",
                    safe_serialization: bool = True) -> list[str]:
-        """Write the full weights as (sharded) safetensors on the main process.
+        """Write the full weights as (sharded) safetensors on the main process (``safe_serialization=False``:
+        torch's ``pytorch_model.bin`` files, as Accelerate writes them).
 
         Call it on every process: a sharding strategy gathers the weights through a collective.
         The folder holds what Accelerate's save_model writes (``model.safetensors``, or shards and
@@ -313,12 +314,11 @@ class Accelerator(Preparation, ProcessControl, Tracking, CheckpointedState, Stat
         is refused), and the weights files of an earlier torchbay save that this one does not
         rewrite are removed.
         """
-        refuse_unsupported("save_model", safe_serialization is not True and "safe_serialization=False",
-                            "save_model writes safetensors only (no pickle a reader would have to trust)")
         state = _offloaded_state(model)
         if state is None:
             state = self.get_state_dict(model)
-        return self._checkpointer.save_model_files(state, save_directory, max_shard_size)
+        return self._checkpointer.save_model_files(state, save_directory, max_shard_size,
+                                                   safe_serialization=bool(safe_serialization))
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
         """Save ``obj`` to ``f`` on the main process (safetensors for a dict of tensors with

@@ -47,10 +47,11 @@ def _torch_save(obj: Any, path: Path) -> str:
 
 
 def publish_model(state: dict[str, torch.Tensor], final: Path, max_shard_size: str, fields: dict[str, Any],
-                  what: str) -> list[str]:
+                  what: str, safe_serialization: bool = True) -> list[str]:
     """Write ``state`` into the folder ``final`` as Accelerate's ``save_model`` does (see
-    :mod:`torchbay.checkpoint.model_folder`); the names written."""
-    return ModelFolder(final, what).save(state, max_shard_size, fields)
+    :mod:`torchbay.checkpoint.model_folder`; ``safe_serialization=False``: torch's ``.bin`` files); the names
+    written."""
+    return ModelFolder(final, what).save(state, max_shard_size, fields, safe_serialization)
 
 
 class StateCheckpointer(BackgroundSaving, StateRestore, CheckpointIOChoice, SaveHookSupport):
@@ -315,9 +316,10 @@ class StateCheckpointer(BackgroundSaving, StateRestore, CheckpointIOChoice, Save
                 log.warning("torchbay: kept %s: %s", stale, exc)
 
     # -- save_model ----------------------------------------------------------------------
-    def save_model_files(self, state: dict[str, torch.Tensor], save_directory: str, max_shard_size: str) -> list[str]:
+    def save_model_files(self, state: dict[str, torch.Tensor], save_directory: str, max_shard_size: str,
+                         safe_serialization: bool = True) -> list[str]:
         """Write full weights as Accelerate's save_model does (main process); no manifest beside them."""
         fields = {k: v for k, v in self._manifest("model", {}).items() if k not in ("config", "counts", "files")}
         return self.main_only("save_model", lambda: publish_model(state, Path(save_directory), max_shard_size,
-                                                                    fields, "save_model")) or []
+                                                                    fields, "save_model", safe_serialization)) or []
 
