@@ -11,9 +11,9 @@ weight, a DTensor on a 2-D mesh ``(ep, dp_shard_mod_ep)`` over the same ranks wi
 ``(Shard(0), Shard(0))``. DTensor shards left to right: the experts in ``ep`` chunks first (ep rank ``r`` holds
 experts ``r*E/ep`` to ``(r+1)*E/ep - 1``, as the split does), then each chunk over ``dp_shard_mod_ep`` with
 ``torch.chunk``'s sizes, as FSDP2 shards (an uneven split agrees: FSDP2's local tensor is its unpadded chunk). The
-mesh is the expert mesh's rank grid transposed (ep outermost) so that this default order applies; torch's private
-``_StridedShard`` on the expert mesh would say the same. The DTensor is made with ``from_local`` without a check and
-shares the local storage: a save reads, and a load writes, the FSDP parameters and optimizer state themselves.
+mesh is the expert mesh's rank grid transposed (ep outermost) so that this default order applies (on the expert
+mesh itself it would take torch's private ``_StridedShard``). The DTensor is made with ``from_local`` without a
+check and shares the local storage: a save reads, and a load writes, the FSDP parameters and optimizer state themselves.
 
 DCP then sees one tensor per name, in the original names and shapes, and reshards like any other: a checkpoint
 saved at ep 2 x dp_shard 2 loads at ep 1 on one process, or at ep 2 on two, and back; ``torchbay merge-weights``
