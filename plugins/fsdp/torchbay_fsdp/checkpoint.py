@@ -86,18 +86,32 @@ class FSDPCheckpoint:
                         owners: list[int | None] | None = None) -> list[str]:
         """Every rank writes its own shards of each model and optimizer (torch.distributed.checkpoint)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         written: list[str] = []
         for i, model in enumerate(models):
-            dcp.save(get_model_state_dict(model), checkpoint_id=str(directory / model_dir(i)))
+            dcp.save(self._for_dcp(model, get_model_state_dict(model)), checkpoint_id=str(directory / model_dir(i)))
             written += dcp_files_of_rank(directory, model_dir(i))
         for j, opt in enumerate(optimizers):
-            raw = getattr(opt, "optimizer", opt)
-            state = get_optimizer_state_dict(self._owner(j, models, owners, optimizers), raw)
+            state = self._dcp_optimizer_state(self._owner(j, models, owners, optimizers), opt)
             dcp.save(state, checkpoint_id=str(directory / optimizer_dir(j)))
             written += dcp_files_of_rank(directory, optimizer_dir(j))
         return written + self._write_info(directory, models, optimizers)
+
+    def _for_dcp(self, model: Any, state: dict) -> dict:
+        """What DCP saves and loads for ``state`` (``model``'s state dict, or its optimizer's); a load fills it in
+        place, then :meth:`_from_dcp` maps it back. Here ``state`` itself; the strategy's expert parallel overrides
+        both (:mod:`torchbay_fsdp.experts.checkpoint`)."""
+        return state
+
+    def _from_dcp(self, model: Any, loaded: dict, state: dict) -> dict:
+        """``loaded`` (``_for_dcp(model, state)`` after a DCP load) as what ``set_*_state_dict`` takes."""
+        return loaded
+
+    def _dcp_optimizer_state(self, owner: Any, opt: Any) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return self._for_dcp(owner, get_optimizer_state_dict(owner, getattr(opt, "optimizer", opt)))
 
     def _write_info(self, directory: Path, models: list, optimizers: list) -> list[str]:
         if self.rank != 0:
@@ -125,7 +139,7 @@ class FSDPCheckpoint:
         each with DCP in a thread of its own, whose collectives run on a gloo group of that save's own
         (created once, by every rank, on the main thread), never the training's
         (:mod:`torchbay_fsdp.async_checkpoint`)."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         groups = self.__dict__.setdefault("_checkpoint_groups", {})
 
@@ -140,10 +154,10 @@ class FSDPCheckpoint:
             self._checkpoint_staging = staging
         writes = AgreedStart(self, directory, staging)
         for i, model in enumerate(models):
-            writes.stage(model_dir(i), lambda model=model: get_model_state_dict(model))
+            writes.stage(model_dir(i), lambda model=model: self._for_dcp(model, get_model_state_dict(model)))
         for j, opt in enumerate(optimizers):
-            writes.stage(optimizer_dir(j), lambda j=j, opt=opt: get_optimizer_state_dict(
-                self._owner(j, models, owners, optimizers), getattr(opt, "optimizer", opt)))
+            writes.stage(optimizer_dir(j), lambda j=j, opt=opt: self._dcp_optimizer_state(
+                self._owner(j, models, owners, optimizers), opt))
         return writes.start(group, lambda: self._write_info(directory, models, optimizers))
 
     def release_checkpoint_staging(self) -> None:
@@ -177,8 +191,9 @@ class FSDPCheckpoint:
         for i, model in enumerate(models):
             try:
                 if sharded[i]:
-                    state = dcp_load(get_model_state_dict(model), directory / model_dir(i), trusted=io.trusted)
-                    set_model_state_dict(model, state)
+                    state = get_model_state_dict(model)
+                    loaded = dcp_load(self._for_dcp(model, state), directory / model_dir(i), trusted=io.trusted)
+                    set_model_state_dict(model, self._from_dcp(model, loaded, state))
                 else:
                     full = io.load_state_dict(directory, f"model_{i}", device="cpu") if self.rank == 0 else {}
                     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True,
@@ -193,7 +208,8 @@ class FSDPCheckpoint:
             try:
                 template = get_optimizer_state_dict(owner, raw)
                 names = [list(group.get("params", ())) for group in template.get("param_groups", ())]
-                state = dcp_load(template, path, trusted=io.trusted)
+                loaded = dcp_load(self._for_dcp(owner, template), path, trusted=io.trusted)
+                state = self._from_dcp(owner, loaded, template)
                 _keep_parameter_names(state, names)
                 set_optimizer_state_dict(owner, raw, state)
             except Exception as exc:

@@ -20,6 +20,7 @@ from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy
 from torchbay_fsdp import parallel
 from torchbay_fsdp.checkpoint import FSDPCheckpoint
 from torchbay_fsdp.experts import WEIGHTS_ATTRIBUTE, apply_expert_parallel, expert_mesh, gather_experts
+from torchbay_fsdp.experts.checkpoint import checkpoint_mesh, fsdp_experts, whole_experts
 from torchbay_fsdp.experts.modules import find_experts
 from torchbay_fsdp.pipeline.model import PipelineModel
 from torchbay_fsdp.pipeline.split import memory_counts as pipeline_memory_counts
@@ -88,6 +89,7 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
         self._mesh = None
         self._flat: dict[str, Any] = {}
         self._expert_mesh = None  # (dp_shard_mod_ep, ep) under parallelism.ep_size > 1
+        self._checkpoint_mesh = None  # its ranks transposed, (ep, dp_shard_mod_ep): for DCP (experts.checkpoint)
         self.sizes = parallel.sizes_of(context.config.parallelism, self.world_size)
         self.tp_plans: list[dict] = []  # per wrapped model: module name -> style applied
         self._accelerate_plugin = None  # accelerator.state.fsdp_plugin, built when first asked
@@ -246,24 +248,14 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
         state = gather_experts(state, names, self._expert_mesh["ep"].get_group())
         return {k: v.cpu() for k, v in state.items()} if self.rank == 0 else {}
 
-    def save_checkpoint(self, directory, models, optimizers, io, **kwargs):
-        self._refuse_expert_checkpoint("save_state")
-        return super().save_checkpoint(directory, models, optimizers, io, **kwargs)
+    def _for_dcp(self, model: Any, state: dict) -> dict:
+        """Under ep, each split expert tensor as this rank's piece of the whole weight (experts.checkpoint)."""
+        names = getattr(getattr(model, "module", model), WEIGHTS_ATTRIBUTE, None)
+        return whole_experts(state, names, self._checkpoint_mesh) if names else state
 
-    def start_checkpoint(self, directory, models, optimizers, io, **kwargs):
-        self._refuse_expert_checkpoint("save_state(blocking=False)")
-        return super().start_checkpoint(directory, models, optimizers, io, **kwargs)
-
-    def load_checkpoint(self, directory, models, optimizers, io, read=None, **kwargs):
-        self._refuse_expert_checkpoint("load_state")
-        return super().load_checkpoint(directory, models, optimizers, io, read, **kwargs)
-
-    def _refuse_expert_checkpoint(self, what: str) -> None:
-        ep = self.context.config.parallelism.ep_size
-        if ep > 1:  # each ep rank's experts sit under the same names: DCP would keep one rank's
-            raise TorchbayError(f"{what} with parallelism.ep_size {ep}: sharded (DCP) checkpoints of split experts "
-                                f"are not supported yet; save the full model with accelerator.save_model (experts "
-                                f"gathered, original names) and load it into a run at any ep_size")
+    def _from_dcp(self, model: Any, loaded: dict, state: dict) -> dict:
+        names = getattr(getattr(model, "module", model), WEIGHTS_ATTRIBUTE, None)
+        return fsdp_experts(loaded, state, names) if names else loaded
 
     def _apply_expert_parallel(self, model: torch.nn.Module) -> None:
         """Split the experts over ep and shard each rank's experts over dp_shard / ep (FSDP2 first on them, so
@@ -273,6 +265,7 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
         section, ep = self.context.config.parallelism, self.context.config.parallelism.ep_size
         if self._expert_mesh is None:
             self._expert_mesh = expert_mesh(self.device_backend.torch_type(), self.sizes["dp_shard"], ep)
+            self._checkpoint_mesh = checkpoint_mesh(self.device_backend.torch_type(), self.sizes["dp_shard"], ep)
         ep_mesh = self._expert_mesh["ep"]
         found, pairs = apply_expert_parallel(model, section.ep_plan or None, ep_mesh.get_group(),
                                              self._expert_mesh.get_local_rank("ep"), ep)

@@ -1,0 +1,144 @@
+"""Worker: sharded (DCP) checkpoints of split experts, resharded across layouts (issue 39).
+
+The torchtitan-style tiny MoE of experts_train.py with 6 experts (at ep 2 x dp_shard 2 each ep rank's 3 experts are
+FSDP2-sharded 2 + 1: an uneven split), N AdamW steps, ``save_state``, M more; the model only (no transformers).
+``--phase``:
+
+- ``first`` (1 process, ep 1): N steps, save ``ckpt_ep1``, M more; writes ``first.json`` and the weights.
+- ``ep`` (4 processes, ep 2 x dp_shard 2): N steps, save ``ckpt_ep`` and ``ckpt_async`` (``blocking=False``, waited
+  for after the M more steps); rank 0 merges ``ckpt_ep`` with ``merge_weights``. Then fresh runs (other initial
+  weights) load ``ckpt_ep``, ``ckpt_async`` (same layout) and ``ckpt_ep1`` (saved at ep 1 on one process) and
+  run the M steps; writes ``ep.json``.
+- ``load`` (1 process at ep 1, or 2 at ep 2): load ``ckpt_ep`` and run the M steps; writes ``load_<world>.json``.
+
+Each load records the largest difference of the loaded weights (whole, experts gathered) from those saved, the M
+losses, and the largest difference of the final weights from the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import experts_train as moe
+import torch
+
+moe.EXPERTS = 6  # read when the model is built and in its forward
+N, M, LR, GLOBAL_BATCH = 2, 3, 1e-2, 8
+
+
+def out_path(*parts: str) -> str:
+    return os.path.join(sys.argv[sys.argv.index("--out") + 1], *parts)
+
+
+def batches():
+    g = torch.Generator().manual_seed(99)
+    return torch.randint(0, moe.VOCAB, ((N + M) * GLOBAL_BATCH, moe.SEQ + 1), generator=g)
+
+
+def prepared(ep: int, seed: int):
+    from torchbay import Accelerator, ParallelismConfig
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    pc = ParallelismConfig(dp_shard_size=world, ep_size=ep) if world > 1 else None
+    acc = Accelerator(strategy="fsdp", parallelism_config=pc)
+    torch.manual_seed(seed)
+    model = moe.TinyMoE()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    loader = torch.utils.data.DataLoader(batches(), batch_size=GLOBAL_BATCH // acc.strategy.data_parallel_size)
+    return (acc, *acc.prepare(model, opt, loader))
+
+
+def step(acc, model, opt, ids) -> float:
+    loss = moe.loss_of(model, "tiny", ids)
+    acc.backward(loss)
+    opt.step()
+    opt.zero_grad()
+    return acc.gather(loss.detach()[None]).mean().item()
+
+
+def whole(acc, model) -> dict:
+    """The whole model on rank 0, copied (on one process get_state_dict returns the parameters' own tensors)."""
+    return {k: v.clone() for k, v in acc.get_state_dict(model).items()}
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in b)
+
+
+def trained(ep: int, saves: dict[str, bool]) -> tuple[list[float], dict, dict]:
+    """N steps, a save per ``saves`` entry (name: blocking), M more: the M losses, the weights at the save, the
+    final weights (whole, on rank 0)."""
+    acc, model, opt, loader = prepared(ep, seed=0)
+    losses, pending = [], []
+    for i, ids in enumerate(loader):
+        if i == N:
+            for name, blocking in saves.items():
+                saved = acc.save_state(out_path(name), blocking=blocking)
+                pending += [] if blocking else [saved]
+            at_save = whole(acc, model)
+        loss = step(acc, model, opt, ids)
+        losses += [loss] if i >= N else []
+    for saved in pending:
+        saved.wait()
+    return losses, at_save, whole(acc, model)
+
+
+def resumed(ep: int, name: str, at_save: dict | None, final: dict | None) -> dict:
+    acc, model, opt, loader = prepared(ep, seed=7)  # other initial weights: everything comes from the checkpoint
+    acc.load_state(out_path(name))
+    loaded = whole(acc, model)
+    losses = [step(acc, model, opt, ids) for ids in acc.skip_first_batches(loader, N)]
+    state = acc.get_state_dict(model)
+    if not acc.is_main_process:
+        return {}
+    return {"losses": losses, "loaded_max_diff": max_diff(loaded, at_save), "keys_match": sorted(loaded) ==
+            sorted(at_save), "final_max_diff": max_diff(state, final),
+            "expert_shapes": {k: list(v.shape) for k, v in loaded.items() if v.ndim == 3}}
+
+
+def merged(name: str, at_save: dict) -> dict:
+    from safetensors.torch import load_file
+    from torchbay_fsdp.merge import merge_weights
+
+    written = merge_weights(out_path(name), out_path(f"{name}_merged"))
+    state = {}
+    for file in written:
+        if file.endswith(".safetensors"):
+            state.update(load_file(out_path(f"{name}_merged", file)))
+    return {"keys_match": sorted(state) == sorted(at_save), "max_diff": max_diff(state, at_save),
+            "expert_shapes": sorted({tuple(v.shape) for v in state.values() if v.ndim == 3})}
+
+
+def main():
+    from torchbay import Accelerator
+
+    owner = Accelerator(strategy="ddp")
+    phase, world, result = sys.argv[sys.argv.index("--phase") + 1], owner.num_processes, {}
+    if phase == "first":
+        losses, at_save, final = trained(1, {"ckpt_ep1": True})
+        torch.save({"at_save": at_save, "final": final}, out_path("ep1_weights.pt"))
+        result = {"losses": losses}
+    elif phase == "ep":
+        losses, at_save, final = trained(2, {"ckpt_ep": True, "ckpt_async": False})
+        if owner.is_main_process:
+            torch.save({"at_save": at_save, "final": final}, out_path("ep_weights.pt"))
+            result = {"losses": losses, "merged": merged("ckpt_ep", at_save)}
+        owner.wait_for_everyone()
+        result["same_layout"] = resumed(2, "ckpt_ep", at_save, final)
+        result["same_layout_async"] = resumed(2, "ckpt_async", at_save, final)
+        ep1 = torch.load(out_path("ep1_weights.pt"), weights_only=True)
+        result["from_ep1"] = resumed(2, "ckpt_ep1", ep1["at_save"], ep1["final"])
+    else:
+        ep = torch.load(out_path("ep_weights.pt"), weights_only=True)
+        result = resumed(world, "ckpt_ep", ep["at_save"], ep["final"])
+    if owner.is_main_process:
+        name = {"first": "first.json", "ep": "ep.json"}.get(phase, f"load_{world}.json")
+        with open(out_path(name), "w") as f:
+            json.dump(result, f)
+    owner.end_training()
+
+
+if __name__ == "__main__":
+    main()
