@@ -60,8 +60,8 @@ NOTES = {
             "instead of a redrawn bar",
     "synchronize_rng_states": "'torch', 'generator' or the run's device name; other devices are skipped",
     "TorchDynamoPlugin": "taken as the compile config section; backend unset or 'no' sets nothing (compile.enabled "
-                         "stays auto: off, except where the precision needs it, e.g. torchao FP8); reads no "
-                         "ACCELERATE_DYNAMO_* variable (TORCHBAY_COMPILE__* instead)",
+                         "stays auto: off, except where the precision needs it, e.g. torchao FP8); settings left "
+                         "None read ACCELERATE_DYNAMO_* as Accelerate's do (TORCHBAY_COMPILE__* sets the config)",
     "compile_regions": "a twin sharing the parameters, each repeated block wrapped by torch.compile and the rest "
                        "compiled whole, the user's module unchanged (prepare with compile.regional compiles in "
                        "place instead)",

@@ -242,6 +242,25 @@ def test_dynamo_plugin_to_kwargs_gives_what_differs_from_the_defaults(given, mon
     assert tb_utils.TorchDynamoPlugin(**given).to_kwargs() == acc_utils.TorchDynamoPlugin(**given).to_kwargs()
 
 
+@pytest.mark.parametrize("environment", [{"BACKEND": "aot_eager", "MODE": "reduce-overhead"},
+                                         {"BACKEND": "inductor", "USE_FULLGRAPH": "true", "USE_DYNAMIC": "false"},
+                                         {"BACKEND": "no", "USE_REGIONAL_COMPILATION": "1"}])
+def test_dynamo_plugin_reads_accelerates_environment_as_accelerate_does(environment, monkeypatch):
+    for key in [k for k in os.environ if k.startswith("ACCELERATE_DYNAMO_")]:
+        monkeypatch.delenv(key)
+    for key, value in environment.items():
+        monkeypatch.setenv(f"ACCELERATE_DYNAMO_{key}", value)
+    assert tb_utils.TorchDynamoPlugin().to_kwargs() == acc_utils.TorchDynamoPlugin().to_kwargs()
+    assert tb_utils.TorchDynamoPlugin(mode="max-autotune").to_kwargs() == acc_utils.TorchDynamoPlugin(
+        mode="max-autotune").to_kwargs()  # an argument given wins over the environment
+
+
+def test_a_dynamo_environment_flag_that_is_not_a_boolean_names_the_variable(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_FULLGRAPH", "maybe")
+    with pytest.raises(ConfigError, match="ACCELERATE_DYNAMO_USE_FULLGRAPH='maybe' is not a boolean"):
+        tb_utils.TorchDynamoPlugin()
+
+
 @pytest.mark.parametrize("wanted", ["cpu:3", "cpu"])
 def test_accelerate_torch_device_names_the_device_as_on_accelerate(monkeypatch, wanted):
     monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", wanted)

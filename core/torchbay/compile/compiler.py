@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import inspect
 import logging
+import os
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -234,8 +235,10 @@ class TorchDynamoPlugin:
 
     ``backend`` unset or ``"no"`` sets nothing (transformers' Trainer always passes
     ``TorchDynamoPlugin(backend=None)``): the config's ``compile.enabled`` stands, whose default
-    compiles only where the precision needs it. Unlike Accelerate's, it reads no
-    ``ACCELERATE_DYNAMO_*`` variable: ``TORCHBAY_COMPILE__*`` sets the same keys.
+    compiles only where the precision needs it. As Accelerate's, a setting left ``None`` is read
+    from ``ACCELERATE_DYNAMO_BACKEND`` / ``_MODE`` / ``_USE_FULLGRAPH`` / ``_USE_DYNAMIC`` /
+    ``_USE_REGIONAL_COMPILATION`` when set (what ``accelerate launch --dynamo_*`` sets for the
+    script); ``TORCHBAY_COMPILE__*`` sets the same keys for torchbay's own config.
     """
 
     backend: Any = None
@@ -245,6 +248,16 @@ class TorchDynamoPlugin:
     options: Any = None
     disable: bool = False
     use_regional_compilation: bool | None = None
+
+    def __post_init__(self):
+        env = {key: os.environ.get(f"ACCELERATE_DYNAMO_{name}") for key, name in _DYNAMO_ENVIRONMENT.items()}
+        if self.backend is None and env["backend"]:
+            self.backend = env["backend"]
+        if self.mode is None and env["mode"]:
+            self.mode = env["mode"]
+        for key in ("fullgraph", "dynamic", "use_regional_compilation"):
+            if getattr(self, key) is None and env[key] is not None:
+                setattr(self, key, _environment_flag(f"ACCELERATE_DYNAMO_{_DYNAMO_ENVIRONMENT[key]}", env[key]))
 
     def to_config(self) -> dict[str, Any]:
         if self.disable:
@@ -269,6 +282,20 @@ class TorchDynamoPlugin:
                  "fullgraph": bool(self.fullgraph), "dynamic": self.dynamic, "options": self.options,
                  "disable": self.disable}
         return {key: value for key, value in given.items() if value != defaults[key]}
+
+
+#: TorchDynamoPlugin's fields read from ``ACCELERATE_DYNAMO_<name>`` when left None
+_DYNAMO_ENVIRONMENT = {"backend": "BACKEND", "mode": "MODE", "fullgraph": "USE_FULLGRAPH", "dynamic": "USE_DYNAMIC",
+                       "use_regional_compilation": "USE_REGIONAL_COMPILATION"}
+
+
+def _environment_flag(name: str, value: str) -> bool:
+    word = value.strip().lower()
+    if word in ("1", "true", "yes", "y", "on", "t"):
+        return True
+    if word in ("0", "false", "no", "n", "off", "f"):
+        return False
+    raise ConfigError(f"{name}={value!r} is not a boolean; set it to true or false (or unset it)")
 
 
 def dynamo_arguments(dynamo_backend: Any, dynamo_plugin: Any) -> dict[str, Any]:
