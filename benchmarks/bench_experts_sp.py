@@ -2,7 +2,7 @@
 same model driven by raw torch on the same mesh (torch's fully_shard and torchbay_fsdp's Ulysses / expert functions
 called directly, no Accelerator).
 
-    python benchmarks/bench_experts_sp.py [--steps 6] [--seq 1024]
+    python benchmarks/bench_experts_sp.py [--steps 6] [--seq 1024] [--rounds 3]
 
 Rows (one torchrun launch each):
 
@@ -152,6 +152,7 @@ def worker(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--case")
@@ -164,25 +165,33 @@ def main() -> None:
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for run, n in procs.items():
-            row = {}
-            for raw in (False, True):
-                out = os.path.join(tmp, f"{run}{raw}.json")
-                cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", "--master-port=29655",
-                       __file__, "--worker", "--case", run, "--out", out, "--steps", str(args.steps), "--seq",
-                       str(args.seq)] + (["--raw"] if raw else [])
-                subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-                got = json.load(open(out))
-                row["raw_step_s" if raw else "step_s"] = got.pop("step_s")
-                row.update(got if not raw else {})
+            row, ratios = {}, []
+            for round_ in range(args.rounds):  # torchbay then raw, again: the ratio of each pair, then the median
+                pair = {}
+                for raw in (False, True):
+                    out = os.path.join(tmp, f"{run}{raw}{round_}.json")
+                    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
+                           "--master-port=29655", __file__, "--worker", "--case", run, "--out", out, "--steps",
+                           str(args.steps), "--seq", str(args.seq)] + (["--raw"] if raw else [])
+                    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                    got = json.load(open(out))
+                    pair[raw] = got.pop("step_s")
+                    row.update(got if not raw else {})
+                ratios.append(pair[False] / pair[True])
+                row.setdefault("step_s", []).append(pair[False])
+                row.setdefault("raw_step_s", []).append(pair[True])
+            row.update(step_s=statistics.median(row["step_s"]), raw_step_s=statistics.median(row["raw_step_s"]),
+                       ratio=statistics.median(ratios), spread=(min(ratios), max(ratios)))
             rows[run] = row
+    print(f"bench_experts_sp: {args.steps} steps (median of the last {args.steps - 1}), median of {args.rounds} "
+          f"rounds alternating torchbay and raw torch")
     print("| run | processes | param MB / rank | gathered experts MB | activations MB / rank | torchbay step s | "
-          "raw torch step s | ratio |")
+          "raw torch step s | torchbay / raw (min-max) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for run, r in rows.items():
         print(f"| {run} | {procs[run]} | {r['param_mb']:.2f} | {r['gathered_experts_mb']:.2f} | "
               f"{r['activations_mb']:.1f} | {r['step_s']:.4f} | {r['raw_step_s']:.4f} | "
-              f"{r['step_s'] / r['raw_step_s']:.3f} |")
-
+              f"{r['ratio']:.3f} ({r['spread'][0]:.2f}-{r['spread'][1]:.2f}) |")
 
 if __name__ == "__main__":
     main()

@@ -3,7 +3,7 @@
 Process launches: scripts/pipeline_train.py with 2 processes (pp 2 with each schedule, with split
 points, with gradient accumulation, built on the meta device) and with 4 (pp 2 x dp_shard 2 with a
 save_state, pp 2 x tp 2, pp 2 x dp_replicate 2 with save_state(blocking=False), pp 2 x dp_shard 2 with
-gradient accumulation: one reduction per window), scripts/pipeline_hf.py
+gradient accumulation: one reduction per window, pp 2 x dp_shard 2 with ZBVZeroBubble), scripts/pipeline_hf.py
 with 2 (a tiny Hugging Face Llama at pp 2), then
 scripts/pipeline_resume.py with 4 (same shape), 1 (resharded, saving again) and 4 again (from the
 one-process checkpoint). Each run is compared with a single-process reference computed in the
@@ -34,7 +34,7 @@ import pipeline_common as common  # noqa: E402
 
 TWO = ["gpipe", "1f1b", "interleaved", "zero_bubble", "zbv", "split_points", "accumulate"]
 META = "meta_init"
-FOUR = ["pp2_dp2", "pp2_tp2", "pp2_ddp2", "pp2_dp2_accumulate"]
+FOUR = ["pp2_dp2", "pp2_tp2", "pp2_ddp2", "pp2_dp2_accumulate", "zbv_dp2"]
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,8 @@ def test_pp2_with_data_parallel_matches_a_single_process(four, run):
     got = result[run]
     _check_matches_reference(got)
     dims = {"pp2_dp2": (["pp", "dp_shard"], [2, 2]), "pp2_ddp2": (["pp", "dp_replicate", "dp_shard"], [2, 2, 1]),
-            "pp2_tp2": (["pp", "dp_shard", "tp"], [2, 1, 2]), "pp2_dp2_accumulate": (["pp", "dp_shard"], [2, 2])}
+            "pp2_tp2": (["pp", "dp_shard", "tp"], [2, 1, 2]), "pp2_dp2_accumulate": (["pp", "dp_shard"], [2, 2]),
+            "zbv_dp2": (["pp", "dp_shard"], [2, 2])}
     assert (got["mesh_dims"], got["mesh_shape"]) == dims[run]
     if run == "pp2_dp2":  # each stage sharded over its 2 data-parallel ranks: half a pp 2 rank's bytes
         assert got["param_bytes"] == [b // 2 for b in [28160, 28160, 28416, 28416]]
@@ -200,8 +201,8 @@ def test_bad_pipeline_combinations_are_refused_before_any_process_with_their_fix
 
     assert _context(4, **{"parallelism.pp_size": 2}).strategy_cls.name == "fsdp"  # dp_shard takes the rest
     assert _context(4, **{"parallelism.pp_size": 2, "parallelism.dp_replicate_size": 2}).strategy_cls.name == "fsdp"
-    text = "\n".join(_problems(4, **{"parallelism.pp_size": 2, "parallelism.pp_schedule": "ZBVZeroBubble"}))
-    assert "zero-bubble schedules compute weight gradients after FSDP2" in text and "use Interleaved1F1B" in text
+    assert _context(4, **{"parallelism.pp_size": 2, "parallelism.pp_schedule": "ZBVZeroBubble"}).strategy_cls.name \
+        == "fsdp"  # zero bubble with data parallel (dp_shard 2)
     text = "\n".join(_problems(3, **{"parallelism.pp_size": 2}))
     assert "pp_size 2 does not divide the 3 processes" in text
     text = "\n".join(_problems(4, **{"parallelism.pp_size": 2, "parallelism.cp_size": 2}))

@@ -30,6 +30,7 @@ RUNS = {
     "pp2_tp2": dict(pp_size=2, tp_size=2, pp_schedule="1F1B", pp_microbatches=2, tp_plan=PLAN),
     "pp2_ddp2": dict(pp_size=2, dp_replicate_size=2, pp_schedule="GPipe", pp_microbatches=2),
     "pp2_dp2_accumulate": dict(pp_size=2, dp_shard_size=2, pp_schedule="1F1B", pp_microbatches=2),
+    "zbv_dp2": dict(pp_size=2, dp_shard_size=2, pp_schedule="ZBVZeroBubble", pp_microbatches=4),
 }
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from torchbay.errors import ConfigError
-from torchbay_fsdp.parallel import sizes_of, sub_mesh
+from torchbay_fsdp.parallel import sub_mesh
 from torchbay_fsdp.pipeline.model import PipelineModel
 from torchbay_fsdp.pipeline.schedule import build_eval_schedule, build_schedule, microbatches, stage_indices
 from torchbay_fsdp.pipeline.split import plan_split
@@ -32,13 +32,6 @@ def check_pipeline_combination(config: Any, world_size: int) -> list[str]:
         return []
     problems = []
     where = f"parallelism.pp_size {section.pp_size}"
-    sizes = sizes_of(section, world_size)
-    if "ZeroBubble" in section.pp_schedule and sizes["dp_shard"] * sizes["dp_replicate"] > 1:
-        problems.append(f"parallelism.pp_schedule {section.pp_schedule} with data parallel (dp_shard x dp_replicate = "
-                        f"{sizes['dp_shard'] * sizes['dp_replicate']}): torch {torch.__version__.split('+')[0]}'s "
-                        f"zero-bubble schedules compute weight gradients after FSDP2 has taken them for reduction, "
-                        f"which gives wrong gradients; use Interleaved1F1B or 1F1B with data parallel, or run the "
-                        f"zero-bubble schedule on pp_size processes alone")
     if s.version == 1:
         problems.append(f"{where} needs fsdp.version 2 (each stage is sharded with fully_shard); set fsdp.version: 2")
     if section.cp_size > 1:
@@ -109,6 +102,8 @@ class PipelineWrapping:
                     checkpoint(block)
             if self.mesh.size() > 1:  # a stage without data parallel needs no FSDP units
                 self._wrap_fsdp2(stage, blocks)
+                if "ZeroBubble" in section.pp_schedule:  # a weight-gradient step can come after the next forward:
+                    stage.set_reshard_after_forward(False)  # its weights stay gathered until the step's reduction
             self._roots.append(stage)
         from torch.distributed.pipelining import PipelineStage
 
