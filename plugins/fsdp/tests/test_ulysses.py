@@ -119,6 +119,17 @@ def test_models_whose_heads_or_attention_cannot_be_split_are_refused():
         check_model(torch.nn.Linear(2, 2), 2)
 
 
+def test_the_head_check_counts_the_tensor_parallel_ranks():
+    from torchbay_fsdp.ulysses.checks import check_model
+
+    check_model(_llama(heads=8, kv_heads=4), 2, tp=2)  # each tp rank's 4 heads (2 KV heads) split over sp 2
+    with pytest.raises(ConfigError, match="num_key_value_heads 2, not divisible by sp_size 2 x tp_size 2 = 4: each tp "
+                                          "rank holds heads/2 of them.*whose product divides 2"):
+        check_model(_llama(heads=4, kv_heads=2), 2, tp=2)  # divisible by sp alone, not by sp x tp
+    with pytest.raises(ConfigError, match="num_attention_heads 6, not divisible by sp_size 2 x tp_size 2 = 4"):
+        check_model(_llama(heads=6, kv_heads=6), 2, tp=2)
+
+
 def test_the_data_loader_shards_the_sequence_with_global_positions_and_shifted_labels():
     from torchbay_fsdp.ulysses.batches import shard_batch
 

@@ -228,7 +228,7 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
             return model
         if self.sizes["sp"] > 1:
             apply_ulysses(model, self.device_mesh["sp"].get_group(), self.sizes["sp"],
-                          self.context.config.parallelism.sp_attn_implementation)
+                          self.context.config.parallelism.sp_attn_implementation, tp=self.sizes["tp"])
         if self.context.config.parallelism.ep_size > 1:
             self._apply_expert_parallel(model)
         return super().wrap_model(model)

@@ -20,10 +20,11 @@ from torchbay_fsdp.ulysses.loss import add_loss_hook, token_mean
 __all__ = ["SequenceShardedBatches", "apply_ulysses", "token_mean"]
 
 
-def apply_ulysses(model: Any, group: Any, size: int, attn_implementation: Optional[str] = None) -> str:
-    """Check ``model`` (:func:`.checks.check_model`), switch its attention to Ulysses and make its loss the
-    token-weighted mean over the sp group; returns the attention implementation run on the gathered sequence."""
-    check_model(model, size)
+def apply_ulysses(model: Any, group: Any, size: int, attn_implementation: Optional[str] = None, tp: int = 1) -> str:
+    """Check ``model`` (:func:`.checks.check_model`, counting the ``tp`` ranks that split its heads first), switch its
+    attention to Ulysses and make its loss the token-weighted mean over the sp group; returns the attention
+    implementation run on the gathered sequence."""
+    check_model(model, size, tp)
     core = install(model, group, size, attn_implementation)
     add_loss_hook(model, group)
     return core
