@@ -3,8 +3,9 @@ spellings, the sequence sharded by the data loader, the attention wrapped throug
 the loss a token-weighted mean over the sp group, composed with FSDP2 over dp_shard; and each config error.
 
 Two process launches (plugins/fsdp/tests/scripts/ulysses_train.py): 2 processes (sp 2 with the model's sdpa,
-sp 2 with eager attention) and 4 (dp_shard 2 x sp 2), each against the unsharded single-process run. Observed on
-this machine: losses equal to 1e-7, first gradients to 2.3e-8, weights after 2 AdamW steps to 3.7e-7.
+sp 2 with eager attention) and 4 (dp_shard 2 x sp 2, dp_replicate 2 x sp 2 (HSDP), sp 2 x tp 2), each against the
+unsharded single-process run. Observed on this machine: losses equal to 1e-7, first gradients to 3e-8, weights after
+2 AdamW steps to 3.7e-7 (2 SGD steps beside tp: 1.2e-7).
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ def test_loss_gradients_and_weights_equal_the_unsharded_run(trained):
         assert got["attn"] == "torchbay_ulysses" and got["sp_backend"] == "torchbay"
         half = 8 // 2  # each sp rank holds half of the sequence, position ids and shifted labels included
         assert all(shape[1] == half for shape in got["batch_shapes"].values()), got["batch_shapes"]
-    assert list(trained) in (["sp2", "sp2_eager"], ["sp2_dp2"])
+    assert list(trained) in (["sp2", "sp2_eager"], ["sp2_dp2", "sp2_rep2", "sp2_tp2"])
     if "sp2_dp2" in trained:
-        assert trained["sp2_dp2"]["mesh"] == ["dp_shard", "sp"]
+        assert [trained[name]["mesh"] for name in ("sp2_dp2", "sp2_rep2", "sp2_tp2")] == [
+            ["dp_shard", "sp"], ["dp_replicate", "sp"], ["sp", "tp"]]
 
 
 # --- config time, no process group -------------------------------------------------------------------
@@ -130,18 +132,37 @@ def test_the_head_check_counts_the_tensor_parallel_ranks():
         check_model(_llama(heads=6, kv_heads=6), 2, tp=2)
 
 
-def test_the_data_loader_shards_the_sequence_with_global_positions_and_shifted_labels():
-    from torchbay_fsdp.ulysses.batches import shard_batch
+def test_the_data_loader_shards_the_sequence_with_global_positions_and_the_model_cuts_the_labels():
+    from torchbay_fsdp.ulysses.batches import cut_labels, shard_batch
 
     ids = torch.arange(16).reshape(2, 8)
     batch = {"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones(2, 8)}
     first, second = (shard_batch(batch, rank, 2) for rank in (0, 1))
     assert "attention_mask" not in first and first["input_ids"].tolist() == [[0, 1, 2, 3], [8, 9, 10, 11]]
     assert second["position_ids"].tolist() == [[4, 5, 6, 7]] * 2
-    assert second["shift_labels"].tolist() == [[5, 6, 7, -100], [13, 14, 15, -100]]
+    # the labels stay whole (a count of labelled tokens, as Trainer's num_items_in_batch, sees the sequence once)
+    assert second["labels"].tolist() == ids.tolist() and "shift_labels" not in second
+    _, given = cut_labels(1, 2)(None, (), second)  # the model's forward takes its slice of the shifted labels
+    assert given["shift_labels"].tolist() == [[5, 6, 7, -100], [13, 14, 15, -100]]
+    _, given = cut_labels(0, 2)(None, (), {**first, "shift_labels": ids + 100})  # a collator's own, already shifted
+    assert given["shift_labels"].tolist() == [[100, 101, 102, 103], [108, 109, 110, 111]]
+    assert cut_labels(0, 2)(None, (), {"input_ids": ids[:, :4], "labels": ids[:, :4]}) is None  # already a slice
     with pytest.raises(ConfigError, match="sequence length 8 is not divisible by sp_size 3.*pad_to_multiple_of=3"):
         shard_batch(batch, 0, 3)
     with pytest.raises(ConfigError, match="attention_mask masks some tokens.*labels -100"):
         shard_batch({**batch, "attention_mask": torch.tensor([[1] * 8, [1] * 6 + [0] * 2])}, 0, 2)
     with pytest.raises(ConfigError, match="yields tuple.*yield a dict"):
         shard_batch((ids,), 0, 2)
+
+
+def test_the_loader_length_is_trainers_until_the_model_is_wrapped():
+    """transformers' Trainer multiplies the training loader's length by sp_size (it counts on Accelerate's DeepSpeed
+    adapter running each rank's batch on the sp group after the model is prepared): until the strategy has wrapped a
+    model the length is the batches divided by sp_size, then the batches."""
+    from torchbay_fsdp.ulysses.batches import SequenceShardedBatches
+
+    wrapped = []
+    batches = SequenceShardedBatches([{}] * 9, 0, 2, lambda: bool(wrapped))
+    assert batches.loop_length() == 4  # rounded down: Trainer then runs 8 of the 9 batches an epoch
+    wrapped.append(True)
+    assert batches.loop_length() == 9 == len(batches)
