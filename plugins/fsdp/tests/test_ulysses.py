@@ -6,6 +6,10 @@ Two process launches (plugins/fsdp/tests/scripts/ulysses_train.py): 2 processes 
 sp 2 with eager attention) and 4 (dp_shard 2 x sp 2, dp_replicate 2 x sp 2 (HSDP), sp 2 x tp 2), each against the
 unsharded single-process run. Observed on this machine: losses equal to 1e-7, first gradients to 3e-8, weights after
 2 AdamW steps to 3.7e-7 (2 SGD steps beside tp: 1.2e-7).
+
+transformers' Trainer and trl's SFTTrainer with ``ParallelismConfig(sp_size=2, sp_backend="deepspeed")`` under the
+switch (plugins/fsdp/tests/scripts/ulysses_trainer.py: 1 process unsharded, then 2 processes at sp 2): observed
+losses equal to 9.6e-7 over 8 steps, learning rates, steps and epochs equal, Trainer's weights to 8.1e-7.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import pytest
 import torch
 
 from torchbay.errors import ConfigError
-from torchbay.testing.processes import run_torchrun
+from torchbay.testing.processes import run_python, run_torchrun
 
 pytest.importorskip("transformers")
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ulysses_train.py")
+TRAINER_SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ulysses_trainer.py")
 ATOL = 1e-5
 
 
@@ -41,12 +46,32 @@ def test_loss_gradients_and_weights_equal_the_unsharded_run(trained):
         torch.testing.assert_close(dp_mean, torch.tensor(got["reference_losses"]), atol=ATOL, rtol=0)
         assert got["grad_diff"] <= ATOL and got["weight_diff"] <= ATOL, (name, got)
         assert got["attn"] == "torchbay_ulysses" and got["sp_backend"] == "torchbay"
-        half = 8 // 2  # each sp rank holds half of the sequence, position ids and shifted labels included
-        assert all(shape[1] == half for shape in got["batch_shapes"].values()), got["batch_shapes"]
+        half = 8 // 2  # each sp rank holds half of the sequence, position ids included; the labels stay whole
+        assert {k: shape[1] for k, shape in got["batch_shapes"].items()} == {
+            "input_ids": half, "position_ids": half, "labels": 8}, got["batch_shapes"]
     assert list(trained) in (["sp2", "sp2_eager"], ["sp2_dp2", "sp2_rep2", "sp2_tp2"])
     if "sp2_dp2" in trained:
         assert [trained[name]["mesh"] for name in ("sp2_dp2", "sp2_rep2", "sp2_tp2")] == [
             ["dp_shard", "sp"], ["dp_replicate", "sp"], ["sp", "tp"]]
+
+
+@pytest.mark.multiprocess
+def test_trainer_and_sft_trainer_with_accelerates_sp_size_equal_the_unsharded_run(tmp_path):
+    """Trainer's num_items_in_batch (it divides its token count by sp_size), its steps per epoch (it multiplies the
+    loader's length by sp_size) and so its learning-rate schedule come out as in the unsharded run."""
+    pytest.importorskip("trl")
+    switch = {"TORCHBAY_AS_ACCELERATE": "1"}
+    run_python(TRAINER_SCRIPT, [str(tmp_path), "--sp", "1"], env=switch, timeout=400).check()
+    run_torchrun(TRAINER_SCRIPT, 2, [str(tmp_path), "--sp", "2"], env=switch, timeout=400).check()
+    reference, got = (json.loads((tmp_path / f"result_sp{n}.json").read_text()) for n in (1, 2))
+    for name in ("trainer", "sft"):
+        ref, run = reference[name], got[name]
+        assert (run["steps"], run["epoch"], run["lrs"]) == (ref["steps"], ref["epoch"], ref["lrs"]), (name, run, ref)
+        assert (ref["steps"], ref["epoch"]) == (8, 2.0)
+        torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(ref["losses"]), atol=ATOL, rtol=0)
+        assert run["attn"] == "torchbay_ulysses" and ref["attn"] == "sdpa"
+    weights = [torch.load(tmp_path / f"weights_sp{n}.pt", weights_only=True) for n in (1, 2)]
+    assert max((weights[0][k] - weights[1][k]).abs().max().item() for k in weights[0]) <= ATOL
 
 
 # --- config time, no process group -------------------------------------------------------------------
