@@ -9,7 +9,8 @@ unsharded single-process run. Observed on this machine: losses equal to 1e-7, fi
 
 transformers' Trainer and trl's SFTTrainer with ``ParallelismConfig(sp_size=2, sp_backend="deepspeed")`` under the
 switch (plugins/fsdp/tests/scripts/ulysses_trainer.py: 1 process unsharded, then 2 processes at sp 2): observed
-losses equal to 9.6e-7 over 8 steps, learning rates, steps and epochs equal, Trainer's weights to 8.1e-7.
+losses equal to 9.6e-7 over 8 steps, learning rates, steps and epochs equal, Trainer's weights to 8.1e-7 and its
+evaluation loss to 4.8e-7.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def test_trainer_and_sft_trainer_with_accelerates_sp_size_equal_the_unsharded_ru
         assert (ref["steps"], ref["epoch"]) == (8, 2.0)
         torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(ref["losses"]), atol=ATOL, rtol=0)
         assert run["attn"] == "torchbay_ulysses" and ref["attn"] == "sdpa"
+    assert abs(got["trainer"]["eval_loss"] - reference["trainer"]["eval_loss"]) <= ATOL  # Trainer.evaluate at sp 2
     weights = [torch.load(tmp_path / f"weights_sp{n}.pt", weights_only=True) for n in (1, 2)]
     assert max((weights[0][k] - weights[1][k]).abs().max().item() for k in weights[0]) <= ATOL
 

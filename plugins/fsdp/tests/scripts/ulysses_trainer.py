@@ -5,9 +5,10 @@ Accelerate's ``sp_size`` spelling, under torchbay's switch (``TORCHBAY_AS_ACCELE
 torchrun otherwise, where ``TrainingArguments(parallelism_config=ParallelismConfig(sp_size=N,
 sp_backend="deepspeed"), fsdp=...)`` selects torchbay's fsdp strategy and its Ulysses. Trainer: 2 epochs of 8
 batches of 2 with gradient accumulation 2 and rows whose labelled tokens differ (num_items_in_batch, the linear
-learning-rate schedule and the epoch count all depend on counting right). Writes ``OUT/result_sp<N>.json`` (per
-trainer: the logged losses and learning rates, the optimizer steps, the epoch) and ``OUT/weights_sp<N>.pt`` (the
-Trainer's trained weights), rank 0.
+learning-rate schedule and the epoch count all depend on counting right). Writes ``OUT/result_sp<N>.json``
+(per trainer: the logged losses and learning rates, the optimizer steps, the epoch; Trainer's evaluation loss)
+and ``OUT/weights_sp<N>.pt`` (the Trainer's trained weights), rank 0. SFTTrainer runs in fp32 (``bf16=False``:
+its default bf16 rounds differently under FSDP's parameter cast than under the single process's autocast).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def main() -> None:
     log = Log()
     trainer = Trainer(model=model(), args=TrainingArguments(**training), train_dataset=Tokens(), callbacks=[log])
     trainer.train()
-    result = {"trainer": summary(trainer, log)}
+    result = {"trainer": {**summary(trainer, log), "eval_loss": trainer.evaluate(Tokens())["eval_loss"]}}
     state = trainer.accelerator.get_state_dict(trainer.model)
 
     # trl's SFTTrainer (it turns on its collator's position ids under sp): pre-tokenized rows of SEQ tokens
