@@ -182,6 +182,13 @@ def test_the_data_loader_shards_the_sequence_with_global_positions_and_the_model
         shard_batch((ids,), 0, 2)
 
 
+def test_deepspeeds_data_adapter_is_refused_with_what_to_do():
+    from torchbay.compat.accelerator_views import REFUSED_ATTRIBUTES
+
+    assert "already serves each rank's slice of the sequence" in REFUSED_ATTRIBUTES["deepspeed_ulysses_dl_adapter"]
+    assert "drop the call" in REFUSED_ATTRIBUTES["deepspeed_ulysses_dl_adapter"]
+
+
 def test_the_loader_length_is_trainers_until_the_model_is_wrapped():
     """transformers' Trainer multiplies the training loader's length by sp_size (it counts on Accelerate's DeepSpeed
     adapter running each rank's batch on the sp group after the model is prepared): until the strategy has wrapped a
