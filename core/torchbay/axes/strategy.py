@@ -320,7 +320,8 @@ class Strategy(FullStateCheckpoint):
 
     def wrap_batches(self, batches: Any) -> Any:
         """The iterable of this process's batches a prepared data loader serves (before device placement); a
-        strategy that splits each batch further (the sequence across an ``sp`` group) wraps it; default: as is."""
+        strategy that splits each batch further (the sequence across an ``sp`` group) wraps it; default: as is.
+        A wrapper with a ``loop_length()`` method gives the prepared loader's ``len`` (else the inner loader's)."""
         return batches
 
     def setup(self, models: list, optimizers: list, schedulers: list) -> tuple[list, list, list]:

@@ -111,7 +111,9 @@ class PreparedDataLoader(DataLoader, DataLoaderStateMixin):
         return getattr(self.dataset, "total_length", None) or len(self.dataset)
 
     def __len__(self) -> int:
-        return len(self.base_dataloader)
+        # a strategy whose wrapper (Strategy.wrap_batches) runs the batches differently says how many a loop counts on
+        loop_length = getattr(self._batches, "loop_length", None)
+        return len(self.base_dataloader) if loop_length is None else loop_length()
 
     def get_sampler(self) -> Any:
         return get_sampler(self)

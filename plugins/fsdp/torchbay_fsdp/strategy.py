@@ -90,6 +90,7 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
         self._flat: dict[str, Any] = {}
         self._expert_mesh = None  # (dp_shard_mod_ep, ep) under parallelism.ep_size > 1
         self._checkpoint_mesh = None  # its ranks transposed, (ep, dp_shard_mod_ep): for DCP (experts.checkpoint)
+        self._sp_model_wrapped = False  # whether wrap_model has run under parallelism.sp_size > 1
         self.sizes = parallel.sizes_of(context.config.parallelism, self.world_size)
         self.tp_plans: list[dict] = []  # per wrapped model: module name -> style applied
         self._accelerate_plugin = None  # accelerator.state.fsdp_plugin, built when first asked
@@ -224,14 +225,16 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
         """Under sp, each rank keeps its slice of every batch's sequence."""
         if self.sizes["sp"] == 1:
             return batches
-        return SequenceShardedBatches(batches, self.device_mesh.get_local_rank("sp"), self.sizes["sp"])
+        return SequenceShardedBatches(batches, self.device_mesh.get_local_rank("sp"), self.sizes["sp"],
+                                      lambda: self._sp_model_wrapped)
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.is_wrapped(model):
             return model
         if self.sizes["sp"] > 1:
             apply_ulysses(model, self.device_mesh["sp"].get_group(), self.sizes["sp"],
-                          self.context.config.parallelism.sp_attn_implementation)
+                          self.context.config.parallelism.sp_attn_implementation, tp=self.sizes["tp"])
+            self._sp_model_wrapped = True  # the loaders' length: torchbay_fsdp.ulysses.batches
         if self.context.config.parallelism.ep_size > 1:
             self._apply_expert_parallel(model)
         return super().wrap_model(model)

@@ -39,8 +39,9 @@ def text_config(model: Any) -> Any:
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def check_model(model: Any, sp: int) -> None:
-    """Refuse a model whose attention the Ulysses wrapper cannot run at sp size ``sp``, naming the fix."""
+def check_model(model: Any, sp: int, tp: int = 1) -> None:
+    """Refuse a model whose attention the Ulysses wrapper cannot run at sp size ``sp`` (beside tensor parallel of
+    size ``tp``: each tp rank holds ``heads / tp`` heads, which sp splits again), naming the fix."""
     name = type(model).__name__
     config = text_config(model)
     if config is None or not hasattr(model, "set_attn_implementation"):
@@ -53,11 +54,16 @@ def check_model(model: Any, sp: int) -> None:
     if not heads:
         raise ConfigError(f"parallelism.sp_size {sp}: {name}'s config has no num_attention_heads, so its heads "
                           f"cannot be split across the sp group; set sp_size 1")
+    split = sp * tp
+    sizes = f"sp_size {sp}" if tp == 1 else f"sp_size {sp} x tp_size {tp} = {split}"
+    share = ("Ulysses gives each rank of the sp group an equal share of the heads" if tp == 1 else
+             f"each tp rank holds heads/{tp} of them and Ulysses splits those again over the sp group")
     for what, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
-        if count % sp:
-            raise ConfigError(f"parallelism.sp_size {sp}: {name} has {what} {count}, not divisible by sp_size {sp}: "
-                              f"Ulysses gives each rank of the sp group an equal share of the heads; choose an sp_size "
-                              f"that divides {count} (and the other head count), or use cp_size instead")
+        if count % split:
+            fix = (f"choose an sp_size that divides {count} (and the other head count)" if tp == 1 else
+                   f"choose sp_size and tp_size whose product divides {count} (and the other head count)")
+            raise ConfigError(f"parallelism.sp_size {sp}: {name} has {what} {count}, not divisible by {sizes}: "
+                              f"{share}; {fix}, or use cp_size instead")
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         raise ConfigError(f"parallelism.sp_size {sp}: {name} uses sliding-window attention, which the Ulysses "
                           f"wrapper does not apply (it runs full causal attention on the gathered sequence); set "
