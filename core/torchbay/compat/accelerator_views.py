@@ -23,9 +23,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Accelerator attributes of Accelerate's that torchbay does not have -> what to use instead
 REFUSED_ATTRIBUTES = {
     "lomo_backward": "LOMO optimizers are not supported; use accelerator.backward with a torch optimizer",
-    "deepspeed_ulysses_dl_adapter": "under parallelism.sp_size (strategy: fsdp) a prepared data loader already serves "
-                                    "each rank's slice of the sequence once the model is prepared; drop the call and "
-                                    "iterate the prepared loader",
+    "deepspeed_ulysses_dl_adapter": "under parallelism.sp_size a prepared loader serves each rank's slice of the "
+                                    "sequence once the model is prepared; drop the call and iterate the prepared "
+                                    "loader",
     "verify_device_map": "big-model device maps are outside torchbay",
     "pipeline_parallel_rank": "N-D parallel ranks belong to the strategy plugins (torch DeviceMesh)",
 }

@@ -185,7 +185,7 @@ def test_the_data_loader_shards_the_sequence_with_global_positions_and_the_model
 def test_deepspeeds_data_adapter_is_refused_with_what_to_do():
     from torchbay.compat.accelerator_views import REFUSED_ATTRIBUTES
 
-    assert "already serves each rank's slice of the sequence" in REFUSED_ATTRIBUTES["deepspeed_ulysses_dl_adapter"]
+    assert "a prepared loader serves each rank's slice of the" in REFUSED_ATTRIBUTES["deepspeed_ulysses_dl_adapter"]
     assert "drop the call" in REFUSED_ATTRIBUTES["deepspeed_ulysses_dl_adapter"]
 
 
