@@ -224,7 +224,8 @@ class CoreConfig(Section):
     visible_devices: Optional[str] = Field(None, pattern=r"^[\w.-]+(,[\w.-]+)*$",
                                            description="device ids the workers of torchbay launch see (the device's "
                                                        "visible-devices variable), comma-separated; unset: inherit")
-    strategy: str = Field("auto", description="a registered strategy name, or auto (ddp with >1 process)")
+    strategy: str = Field("auto", description="a registered strategy name, or auto (ddp with >1 process; the strategy "
+                                                  "that builds them when parallelism asks for dimensions ddp does not)")
     mixed_precision: str = Field("no", pattern=r"^[a-z][a-z0-9_]*$",
                                  description="no, fp16, bf16, or a mode an installed plugin registers")
     gradient_accumulation_steps: int = Field(1, ge=1)

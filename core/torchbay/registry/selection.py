@@ -15,6 +15,7 @@ from torchbay.axes.precision import SHARED_SECTIONS, Precision, by_mode, engine_
 from torchbay.axes.strategy import Strategy
 from torchbay.compile.compiler import section_problems as compile_problems
 from torchbay.config.model import RESOLVED_ENV, ResolvedConfig
+from torchbay.distributed.parallelism_config import parallel_sizes
 from torchbay.errors import IncompatibleSetupError, PluginError, TorchbayError
 from torchbay.registry.published import DEVICE, STRATEGY, install_hint
 from torchbay.registry.resolve import resolve_config
@@ -86,13 +87,29 @@ def select_device(name: str, registry: dict[str, Any], pm, problems: list[str]):
     return cls
 
 
-def select_strategy(name: str, registry: dict[str, Any], world_size: int, pm, problems: list[str]):
+def select_strategy(name: str, registry: dict[str, Any], world_size: int, pm, problems: list[str],
+                    config: Any = None):
     if name == "auto":
-        name = "ddp" if world_size > 1 else "single"
+        name = _auto_strategy(registry, world_size, config)
     cls = registry.get(name)
     if cls is None:
         problems.append(_missing(STRATEGY, name, registry, pm))
     return cls
+
+
+def _auto_strategy(registry: dict[str, Any], world_size: int, config: Any) -> str:
+    """``ddp`` on several processes (``single`` on one); but where the ``parallelism`` section asks for
+    dimensions it does not build, the installed strategy that builds them all (the first by name)."""
+    default = "ddp" if world_size > 1 else "single"
+    wanted = {dim for dim, size in parallel_sizes(config).items() if size > 1} if config is not None else set()
+    if not wanted or wanted <= set(getattr(registry.get(default), "parallel_dims", ())):
+        return default
+    offering = sorted(n for n, cls in registry.items() if wanted <= set(getattr(cls, "parallel_dims", ())))
+    if not offering:
+        return default  # the default's check names what is missing
+    log.info("strategy auto chose '%s': it builds the parallel dimension(s) %s the parallelism section asks for",
+             offering[0], ", ".join(sorted(wanted)))
+    return offering[0]
 
 
 def select_precision(config, registry: dict[str, Any], device_cls, pm, problems: list[str]):
@@ -191,7 +208,7 @@ def build_context(resolved: ResolvedConfig, pm, cluster=None) -> RunContext:
     registries = pm.registries()
     cluster = cluster or detect_cluster_environment(registries["cluster_environments"])
     chosen = [select_device(config.device, registries["devices"], pm, problems),
-              select_strategy(config.strategy, registries["strategies"], cluster.world_size(), pm, problems)]
+              select_strategy(config.strategy, registries["strategies"], cluster.world_size(), pm, problems, config)]
     before = len(problems)
     chosen.append(select_precision(config, registries["precisions"], chosen[0], pm, problems))
     _name_handler_source(resolved, problems, before)
@@ -243,7 +260,8 @@ def probe_run_hooks(pm, config_file: str | None = None) -> None:
     config, ignored = resolved.config, []
     cluster = detect_cluster_environment(registries["cluster_environments"])
     device_cls = select_device(config.device, registries["devices"], pm, ignored) or registries["devices"].get("cpu")
-    strategy_cls = select_strategy(config.strategy, registries["strategies"], cluster.world_size(), pm, ignored)
+    strategy_cls = select_strategy(config.strategy, registries["strategies"], cluster.world_size(), pm, ignored,
+                                   config)
     precision_cls = select_precision(config, registries["precisions"], device_cls, pm, ignored)
     if device_cls is None:  # even the built-in cpu is blocked: nothing to describe a run with
         return

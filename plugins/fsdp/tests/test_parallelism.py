@@ -268,6 +268,12 @@ def test_strategies_that_cannot_build_a_dimension_refuse_it_and_name_one_that_ca
     assert "select strategy: fsdp" in problem
     # dp_replicate alone is plain data parallelism: ddp builds it
     assert _context(4, strategy="ddp", **{"parallelism.dp_replicate_size": 4}).strategy_cls.name == "ddp"
+    # strategy auto: ddp, unless the parallelism section asks for dimensions ddp does not build
+    assert _context(4, strategy="auto").strategy_cls.name == "ddp"
+    assert _context(4, strategy="auto", **{"parallelism.dp_replicate_size": 4}).strategy_cls.name == "ddp"
+    assert _context(4, strategy="auto", **{"parallelism.dp_shard_size": 2,
+                                           "parallelism.tp_size": 2}).strategy_cls.name == "fsdp"
+    assert _context(2, strategy="auto", **{"parallelism.sp_size": 2}).strategy_cls.name == "fsdp"
     from torchbay.registry.manager import get_plugin_manager
 
     if "deepspeed" in get_plugin_manager().registries()["strategies"]:

@@ -3,7 +3,8 @@ Accelerate's ``sp_size`` spelling, under torchbay's switch (``TORCHBAY_AS_ACCELE
 
 ``python ulysses_trainer.py OUT --sp N``: 1 process with ``--sp 1`` (the unsharded reference), N processes under
 torchrun otherwise, where ``TrainingArguments(parallelism_config=ParallelismConfig(sp_size=N,
-sp_backend="deepspeed"), fsdp=...)`` selects torchbay's fsdp strategy and its Ulysses. Trainer: 2 epochs of 8
+sp_backend="deepspeed"))`` (no ``fsdp=``: strategy auto selects the strategy that builds sp, torchbay's fsdp)
+runs its Ulysses. Trainer: 2 epochs of 8
 batches of 2 with gradient accumulation 2 and rows whose labelled tokens differ (num_items_in_batch, the linear
 learning-rate schedule and the epoch count all depend on counting right). Writes ``OUT/result_sp<N>.json``
 (per trainer: the logged losses and learning rates, the optimizer steps, the epoch; Trainer's evaluation loss)
@@ -89,8 +90,8 @@ def main() -> None:
                     num_train_epochs=2, learning_rate=1e-2, logging_steps=1, save_strategy="no", report_to=[],
                     seed=7, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, eval_strategy="no")
     if args.sp > 1:
+        # no fsdp=...: strategy auto selects the strategy that builds sp (torchbay's fsdp)
         training["parallelism_config"] = ParallelismConfig(sp_size=args.sp, sp_backend="deepspeed")
-        training.update(fsdp="full_shard", fsdp_config={"fsdp_version": 2})
     log = Log()
     trainer = Trainer(model=model(), args=TrainingArguments(**training), train_dataset=Tokens(), callbacks=[log])
     trainer.train()
