@@ -261,6 +261,39 @@ def test_a_dynamo_environment_flag_that_is_not_a_boolean_names_the_variable(monk
         tb_utils.TorchDynamoPlugin()
 
 
+def test_environment_helpers_answer_as_accelerates(monkeypatch):
+    from accelerate.utils import environment as acc_environment
+
+    assert tb_utils.are_libraries_initialized("torch", "os", "no_such_library") == \
+        acc_environment.are_libraries_initialized("torch", "os", "no_such_library") == ["torch", "os"]
+    for key in [k for k in os.environ if k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "OMPI_", "PMI_", "SLURM_"))]:
+        monkeypatch.delenv(key)
+    assert vars(tb_utils.get_cpu_distributed_information()) == vars(acc_environment.get_cpu_distributed_information())
+    for key, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    ours = tb_utils.get_cpu_distributed_information()
+    assert vars(ours) == vars(acc_environment.get_cpu_distributed_information()) == {
+        "rank": 3, "world_size": 4, "local_rank": 1, "local_world_size": 2}
+
+
+def test_model_has_dtensor_answers_as_accelerates(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate
+
+    model = torch.nn.Linear(2, 2)
+    assert tb_utils.model_has_dtensor(model) is acc_utils.model_has_dtensor(model) is False
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        model.weight = torch.nn.Parameter(DTensor.from_local(model.weight.data, mesh, [Replicate()]))
+        assert tb_utils.model_has_dtensor(model) is acc_utils.model_has_dtensor(model) is True
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("wanted", ["cpu:3", "cpu"])
 def test_accelerate_torch_device_names_the_device_as_on_accelerate(monkeypatch, wanted):
     monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", wanted)

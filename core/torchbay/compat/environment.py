@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 #: the prefix of the variables Accelerate (and libraries configuring it, e.g. transformers' TrainingArguments) set
@@ -57,3 +59,37 @@ def purge_accelerate_environment(function_or_class: Any) -> Any:
 
     function_or_class.__init_subclass__ = classmethod(__init_subclass__)
     return function_or_class
+
+
+def are_libraries_initialized(*library_names: str) -> list[str]:
+    """Those of ``library_names`` already imported in this process (a launcher checks none is before it forks)."""
+    return [name for name in library_names if name in sys.modules]
+
+
+@dataclass
+class CPUInformation:
+    """This process's place in a job: global rank and size, rank and size on its node."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+
+def get_cpu_distributed_information() -> CPUInformation:
+    """This process's place in the job, read from the cluster environment torchbay detects (torchrun's variables,
+    SLURM, Open MPI, MPICH / Intel MPI, or a plugin's); one process when none is detected."""
+    from torchbay.axes.cluster import detect_cluster_environment
+    from torchbay.registry.manager import get_plugin_manager
+
+    cluster = detect_cluster_environment(get_plugin_manager().registries()["cluster_environments"])
+    return CPUInformation(rank=cluster.rank(), world_size=cluster.world_size(), local_rank=cluster.local_rank(),
+                          local_world_size=cluster.local_world_size())
+
+
+def model_has_dtensor(model: Any) -> bool:
+    """Whether any parameter of ``model`` (or the model it wraps) is a DTensor (sharded by FSDP2 or tensor
+    parallel)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in getattr(model, "module", model).parameters())

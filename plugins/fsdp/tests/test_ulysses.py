@@ -183,10 +183,11 @@ def test_the_data_loader_shards_the_sequence_with_global_positions_and_the_model
 
 
 def test_deepspeeds_data_adapter_is_refused_with_what_to_do():
-    from torchbay.compat.accelerator_views import REFUSED_ATTRIBUTES
+    from torchbay import Accelerator
+    from torchbay.errors import UnsupportedAPIError
 
-    assert "a prepared loader serves each rank's slice of the" in REFUSED_ATTRIBUTES["deepspeed_ulysses_dl_adapter"]
-    assert "drop the call" in REFUSED_ATTRIBUTES["deepspeed_ulysses_dl_adapter"]
+    with pytest.raises(UnsupportedAPIError, match="a prepared loader serves each rank's slice of the .*drop the call"):
+        Accelerator(cpu=True).deepspeed_ulysses_dl_adapter  # noqa: B018
 
 
 def test_the_loader_length_is_trainers_until_the_model_is_wrapped():
