@@ -85,6 +85,8 @@ def test_ep_with_dp_replicate_trains_as_one_process_does(runs):
         assert {tuple(v["local"][:1]) for v in layout.values()} == {(3,)}, layout
         assert {tuple(v["mesh"]) for v in layout.values()} == {("dp_replicate", "dp_shard_mod_ep")}, layout
     assert hsdp["grad_max_diff"] <= 1e-6  # AdamW would hide a gradient off by a constant factor
+    # the 8-process branch (dp_shard / ep above 1: force-sum) on a 3-D weight over dp_replicate 2 x dp_shard 2
+    assert hsdp["sum_then_divide"] == 0.0
     torch.testing.assert_close(torch.tensor(hsdp["all_losses"]), torch.tensor(first["all_losses"]), atol=ATOL,
                                rtol=0)
     assert hsdp["at_save_max_diff"] <= ATOL and hsdp["final_max_diff"] <= ATOL

@@ -133,6 +133,31 @@ def merged(name: str, at_save: dict) -> dict:
             "expert_shapes": sorted({tuple(v.shape) for v in state.values() if v.ndim == 3})}
 
 
+def hsdp_sum_then_divide(rank: int) -> float:
+    """The other branch of ``shard_experts`` under HSDP, whose training run would take 8 processes (dp_shard / ep
+    above 1: a reduce-scatter of several ranks, so force-sum): a 3-D weight on the expert mesh of dp_replicate 2 x
+    dp_shard 2 x ep 1, the gradient of ``sum(w * (rank + 1))`` on each rank: every local gradient must be the mean,
+    2.5 (gloo refuses the PREMUL_SUM FSDP2 would use without force-sum). The largest difference, over the ranks."""
+    from torch import nn
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torchbay_fsdp.experts import expert_mesh, shard_experts
+
+    class Experts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4, 2, 2))
+
+        def forward(self, x):
+            return (self.w * x).sum()
+
+    module = Experts()
+    shard_experts([module], expert_mesh("cpu", 2, 2, 1), MixedPrecisionPolicy(), True)
+    module(torch.tensor(float(rank + 1))).backward()
+    diff = (module.w.grad.to_local() - 2.5).abs().max()
+    torch.distributed.all_reduce(diff, op=torch.distributed.ReduceOp.MAX)  # every rank's
+    return diff.item()
+
+
 def hsdp(owner) -> dict:
     """dp_replicate 2 x dp_shard 2 x ep 2 on 4 processes: trained and checked against the ``first`` (one-process)
     run, saved, merged, resumed at the same layout and from ``ckpt_ep1``."""
@@ -143,7 +168,7 @@ def hsdp(owner) -> dict:
     acc, model, _, _ = prepared(2, seed=0, replicate=2)
     layouts = [None] * owner.num_processes
     dist.all_gather_object(layouts, expert_layout(model))
-    result = {"layouts": layouts}
+    result = {"layouts": layouts, "sum_then_divide": hsdp_sum_then_divide(owner.process_index)}
     if owner.is_main_process:
         torch.save({"at_save": at_save, "final": final}, out_path("hsdp_weights.pt"))
         result.update(all_losses=losses, at_save_max_diff=max_diff(at_save, ep1["at_save"]),
