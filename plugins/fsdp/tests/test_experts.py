@@ -127,7 +127,17 @@ def test_the_parallelism_section_is_checked_before_any_process():
     assert "ep_size 3 must divide dp_shard_size 4" in text
     text = "\n".join(_problems(4, **{"parallelism.dp_shard_size": 2, "parallelism.tp_size": 2,
                                      "parallelism.ep_size": 2}))
-    assert "ep_size 2 with tp_size 2 is not supported yet" in text
+    assert "ep_size 2 with tp_size 2 is not supported yet (ep composes with dp_shard and dp_replicate)" in text
+    for name in ("cp", "sp"):
+        text = "\n".join(_problems(4, **{"parallelism.dp_shard_size": 2, f"parallelism.{name}_size": 2,
+                                         "parallelism.ep_size": 2}))
+        assert f"ep_size 2 with {name}_size 2 is not supported yet" in text and "set those sizes to 1" in text
+    # HSDP: ep splits each replica's dp_shard ranks (tested in test_experts_checkpoint.py)
+    assert _context(4, **{"parallelism.dp_replicate_size": 2, "parallelism.dp_shard_size": 2,
+                          "parallelism.ep_size": 2}).strategy_cls.name == "fsdp"
+    text = "\n".join(_problems(8, **{"parallelism.dp_replicate_size": 2, "parallelism.dp_shard_size": 4,
+                                     "parallelism.ep_size": 3}))
+    assert "ep_size 3 must divide dp_shard_size 4" in text
     text = "\n".join(_problems(2, **{"parallelism.ep_plan": ["layers.*.moe.experts"]}))
     assert "ep_plan is set but parallelism.ep_size is 1" in text
     from torchbay import ParallelismConfig
@@ -150,3 +160,9 @@ def test_estimate_memory_takes_ep_size_and_says_what_a_forward_gathers(tmp_path,
     experts = 2 * 3 * 4 * 32 * 16  # layers x (w1, w2, w3) x experts x 2*DIM x DIM
     assert f"ep_size 2: sharded state as without ep; a forward gathers {experts // 2:,} of the {experts:,}" in \
         rows["fsdp"]["note"]
+    # HSDP: each replica holds the same per-rank share (experts over dp_shard / ep, the rest over dp_shard)
+    assert run_command("estimate-memory", "moe_factory:build", "--num-processes", "4", "--dp-replicate-size", "2",
+                       "--dp-shard-size", "2", "--ep-size", "2", "--format", "json") == 0
+    hsdp = {r["strategy"]: r for r in json.loads(capsys.readouterr().out)["rows"] if r["strategy"] == "fsdp"}
+    assert hsdp["fsdp"]["note"] == rows["fsdp"]["note"]
+    assert hsdp["fsdp"]["parameters"] == rows["fsdp"]["parameters"] * 2  # dp_shard 2, not 4

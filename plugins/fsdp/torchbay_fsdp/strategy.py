@@ -19,7 +19,7 @@ from torchbay.errors import IncompatibleSetupError, TorchbayError
 from torchbay.plugin import MemoryEstimate, ParallelismConfig, Strategy
 from torchbay_fsdp import parallel
 from torchbay_fsdp.checkpoint import FSDPCheckpoint
-from torchbay_fsdp.experts import WEIGHTS_ATTRIBUTE, apply_expert_parallel, expert_mesh, gather_experts
+from torchbay_fsdp.experts import WEIGHTS_ATTRIBUTE, apply_expert_parallel, expert_mesh, gather_experts, shard_experts
 from torchbay_fsdp.experts.checkpoint import checkpoint_mesh, fsdp_experts, whole_experts
 from torchbay_fsdp.experts.modules import find_experts
 from torchbay_fsdp.pipeline.model import PipelineModel
@@ -88,8 +88,8 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
         self._roots: list[torch.nn.Module] = []
         self._mesh = None
         self._flat: dict[str, Any] = {}
-        self._expert_mesh = None  # (dp_shard_mod_ep, ep) under parallelism.ep_size > 1
-        self._checkpoint_mesh = None  # its ranks transposed, (ep, dp_shard_mod_ep): for DCP (experts.checkpoint)
+        self._expert_mesh = None  # ([dp_replicate,] dp_shard_mod_ep, ep) under parallelism.ep_size > 1
+        self._checkpoint_mesh = None  # ([dp_replicate,] ep, dp_shard_mod_ep): for DCP (experts.checkpoint)
         self._sp_model_wrapped = False  # whether wrap_model has run under parallelism.sp_size > 1
         self.sizes = parallel.sizes_of(context.config.parallelism, self.world_size)
         self.tp_plans: list[dict] = []  # per wrapped model: module name -> style applied
@@ -261,26 +261,20 @@ class FSDPStrategy(PipelineWrapping, FSDPWrapping, FSDPCheckpoint, Strategy):
         return fsdp_experts(loaded, state, names) if names else loaded
 
     def _apply_expert_parallel(self, model: torch.nn.Module) -> None:
-        """Split the experts over ep and shard each rank's experts over dp_shard / ep (FSDP2 first on them, so
-        that the blocks and the root leave them alone); their gradients are divided by dp_shard like the rest."""
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        """Split the experts over ep and shard each rank's experts over (dp_replicate,) dp_shard / ep
+        (experts.shard_experts); the user's optimizer holds the full expert weights: map them to the shards."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
 
         section, ep = self.context.config.parallelism, self.context.config.parallelism.ep_size
         if self._expert_mesh is None:
-            self._expert_mesh = expert_mesh(self.device_backend.torch_type(), self.sizes["dp_shard"], ep)
-            self._checkpoint_mesh = checkpoint_mesh(self.device_backend.torch_type(), self.sizes["dp_shard"], ep)
-        ep_mesh = self._expert_mesh["ep"]
-        found, pairs = apply_expert_parallel(model, section.ep_plan or None, ep_mesh.get_group(),
+            where = (self.device_backend.torch_type(), self.sizes["dp_replicate"], self.sizes["dp_shard"], ep)
+            self._expert_mesh, self._checkpoint_mesh = expert_mesh(*where), checkpoint_mesh(*where)
+        found, pairs = apply_expert_parallel(model, section.ep_plan or None, self._expert_mesh["ep"].get_group(),
                                              self._expert_mesh.get_local_rank("ep"), ep)
         param_dtype, reduce_dtype = self._mixed_precision_dtypes()
-        for module in found.values():
-            fully_shard(module, mesh=self._expert_mesh["dp_shard_mod_ep"],
-                        mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
-                        reshard_after_forward=self.settings.reshard_after_forward)
-            module.set_gradient_divide_factor(float(self.sizes["dp_shard"]))
-            if self.sizes["dp_shard"] > ep:  # a sum, then a division (gloo has no PREMUL_SUM); on one rank torch
-                module.set_force_sum_reduction_for_comms(True)  # divides once by itself (twice with this set)
-        for module, name, old in pairs:  # the user's optimizer holds the full expert weights: map them to the shards
+        shard_experts(list(found.values()), self._expert_mesh, MixedPrecisionPolicy(param_dtype, reduce_dtype),
+                      self.settings.reshard_after_forward)
+        for module, name, old in pairs:
             self._param_map[id(old)] = (weakref.ref(old), getattr(module, name))
 
     # -- precision ----------------------------------------------------------------------

@@ -6,6 +6,11 @@ travel to their expert's rank and back by all-to-all (:mod:`.dispatch`), and the
 sharded by FSDP2 over the ``dp_shard / ep`` ranks that hold the same experts (the expert mesh,
 ``(dp_shard_mod_ep, ep)``), with their gradients divided by ``dp_shard`` like every other weight's. Everything
 else (attention, router, norms, embeddings) is sharded over ``dp_shard`` as without ep.
+
+With ``dp_replicate`` (HSDP) the expert mesh is ``(dp_replicate, dp_shard_mod_ep, ep)`` over the same ranks as the
+main mesh's ``(dp_replicate, dp_shard)`` (rank ``r * dp_shard + s``): an ep group is consecutive dp_shard ranks of
+one replica, and the experts are HSDP'd over ``(dp_replicate, dp_shard_mod_ep)`` (:func:`shard_experts`), their
+gradients divided by ``dp_replicate x dp_shard`` (every rank that read tokens).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from torch import nn
 
 from torchbay_fsdp.experts.modules import find_experts, kind_of, split_experts, wrap_forward
 
-__all__ = ["apply_expert_parallel", "expert_mesh", "gather_experts", "tokens_per_expert"]
+__all__ = ["apply_expert_parallel", "expert_mesh", "gather_experts", "shard_experts", "tokens_per_expert"]
 
 #: the attribute of a model holding its expert modules' load counters (name -> ExpertLoad)
 LOAD_ATTRIBUTE = "_torchbay_expert_load"
@@ -26,12 +31,37 @@ LOAD_ATTRIBUTE = "_torchbay_expert_load"
 WEIGHTS_ATTRIBUTE = "_torchbay_expert_weights"
 
 
-def expert_mesh(device_type: str, dp_shard: int, ep: int):
-    """``(dp_shard_mod_ep, ep)`` over the dp_shard ranks, ep innermost (every process calls it)."""
+def expert_mesh(device_type: str, dp_replicate: int, dp_shard: int, ep: int):
+    """``(dp_shard_mod_ep, ep)`` over the dp_shard ranks, ep innermost; with ``dp_replicate`` > 1,
+    ``(dp_replicate, dp_shard_mod_ep, ep)`` over all of them (every process calls it)."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    ranks = torch.arange(dp_shard).reshape(dp_shard // ep, ep)
-    return DeviceMesh(device_type, ranks, mesh_dim_names=("dp_shard_mod_ep", "ep"))
+    ranks = torch.arange(dp_replicate * dp_shard).reshape(dp_replicate, dp_shard // ep, ep)
+    if dp_replicate == 1:
+        return DeviceMesh(device_type, ranks[0], mesh_dim_names=("dp_shard_mod_ep", "ep"))
+    return DeviceMesh(device_type, ranks, mesh_dim_names=("dp_replicate", "dp_shard_mod_ep", "ep"))
+
+
+def shard_experts(modules: list[nn.Module], mesh: Any, mp_policy: Any, reshard_after_forward: Any) -> None:
+    """FSDP2 on each expert module (before the blocks and the root, which then leave them alone) over the expert
+    data-parallel ranks: ``dp_shard_mod_ep``, or ``(dp_replicate, dp_shard_mod_ep)`` (HSDP). Their gradients are
+    summed over those ranks and divided by the number of data-parallel ranks (``mesh.size()``: every rank reads its
+    own tokens), as the rest's are.
+
+    gloo has no ``PREMUL_SUM``, which FSDP2 uses for a custom divide factor over a reduce-scatter of several ranks:
+    there, a sum then a division (force-sum). Over one rank FSDP2 skips the reduce-scatter and divides its copy by the
+    factor itself, then all-reduces any replicas with SUM: force-sum would divide a second time (0.75 for 1.5
+    measured at dp_replicate 2 x one shard), so it stays off."""
+    from torch.distributed.fsdp import fully_shard
+
+    dims = [name for name in ("dp_replicate", "dp_shard_mod_ep") if name in mesh.mesh_dim_names]
+    shard_ranks = mesh.size(mesh.mesh_dim_names.index("dp_shard_mod_ep"))
+    for module in modules:
+        fully_shard(module, mesh=mesh[tuple(dims)] if len(dims) > 1 else mesh[dims[0]], mp_policy=mp_policy,
+                    reshard_after_forward=reshard_after_forward)
+        module.set_gradient_divide_factor(float(mesh.size()))
+        if shard_ranks > 1:
+            module.set_force_sum_reduction_for_comms(True)
 
 
 def apply_expert_parallel(model: nn.Module, plan: list[str] | None, group: Any, rank: int, ep: int

@@ -15,6 +15,11 @@ mesh is the expert mesh's rank grid transposed (ep outermost) so that this defau
 mesh itself it would take torch's private ``_StridedShard``). The DTensor is made with ``from_local`` without a
 check and shares the local storage: a save reads, and a load writes, the FSDP parameters and optimizer state themselves.
 
+With ``dp_replicate`` (HSDP), FSDP2's expert tensors are ``(Replicate(), Shard(0))`` on the 2-D mesh
+``(dp_replicate, dp_shard_mod_ep)``, and the checkpoint mesh gains ``dp_replicate`` outermost:
+``(dp_replicate, ep, dp_shard_mod_ep)``, placements ``(Replicate(), Shard(0), Shard(0))`` (DCP writes one replica's
+pieces).
+
 DCP then sees one tensor per name, in the original names and shapes, and reshards like any other: a checkpoint
 saved at ep 2 x dp_shard 2 loads at ep 1 on one process, or at ep 2 on two, and back; ``torchbay merge-weights``
 reads whole experts. On load, once DCP has filled the pieces in place, :func:`fsdp_experts` puts the FSDP tensors
@@ -32,16 +37,19 @@ from torchbay.errors import CheckpointError
 
 __all__ = ["checkpoint_mesh", "fsdp_experts", "whole_experts"]
 
-#: the mesh dimension names of :func:`checkpoint_mesh`, outermost first
-DIMS = ("ep", "dp_shard_mod_ep")
+#: the mesh dimension names of :func:`checkpoint_mesh`, outermost first (``dp_replicate`` only when above 1)
+DIMS = ("dp_replicate", "ep", "dp_shard_mod_ep")
 
 
-def checkpoint_mesh(device_type: str, dp_shard: int, ep: int):
-    """``(ep, dp_shard_mod_ep)``: the expert mesh's ranks, transposed (every process calls it, once)."""
+def checkpoint_mesh(device_type: str, dp_replicate: int, dp_shard: int, ep: int):
+    """``([dp_replicate,] ep, dp_shard_mod_ep)``: the expert mesh's ranks with its two inner dimensions transposed
+    (every process calls it, once)."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    ranks = torch.arange(dp_shard).reshape(dp_shard // ep, ep).T.contiguous()
-    return DeviceMesh(device_type, ranks, mesh_dim_names=DIMS)
+    ranks = torch.arange(dp_replicate * dp_shard).reshape(dp_replicate, dp_shard // ep, ep).transpose(1, 2)
+    if dp_replicate == 1:
+        return DeviceMesh(device_type, ranks[0].contiguous(), mesh_dim_names=DIMS[1:])
+    return DeviceMesh(device_type, ranks.contiguous(), mesh_dim_names=DIMS)
 
 
 def whole_experts(state: dict[str, Any], names: set[str], mesh: Any) -> dict[str, Any]:
@@ -80,26 +88,28 @@ def fsdp_experts(loaded: dict[str, Any], state: dict[str, Any], names: set[str])
 
 
 def _is_expert_shard(value: Any) -> bool:
-    from torch.distributed.tensor import DTensor, Shard
+    """An FSDP2 expert tensor: ``(Shard(0),)`` on ``dp_shard_mod_ep``, or ``(Replicate(), Shard(0))`` (HSDP)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    return isinstance(value, DTensor) and value.ndim == 3 and value.device_mesh.ndim == 1 and \
-        tuple(value.placements) == (Shard(0),)
+    return isinstance(value, DTensor) and value.ndim == 3 and \
+        tuple(value.placements) in ((Shard(0),), (Replicate(), Shard(0)))
 
 
 def _whole(tensor: Any, mesh: Any) -> Any:
     """``tensor`` (this ep rank's ``(E / ep, ...)`` experts, FSDP2-sharded) as a piece of the whole ``(E, ...)``."""
-    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    shape = torch.Size((tensor.shape[0] * mesh.size(0), *tensor.shape[1:]))
+    placements = (Replicate(),) * (mesh.ndim - 2) + (Shard(0), Shard(0))
+    shape = torch.Size((tensor.shape[0] * mesh.size(mesh.mesh_dim_names.index("ep")), *tensor.shape[1:]))
     local = tensor.to_local()
-    expected, _ = compute_local_shape_and_global_offset(shape, mesh, (Shard(0), Shard(0)))
+    expected, _ = compute_local_shape_and_global_offset(shape, mesh, placements)
     if tuple(local.shape) != tuple(expected):  # FSDP2's chunking disagrees with DTensor's: never save a wrong layout
         raise CheckpointError(f"an expert weight's local shard {tuple(local.shape)} is not the piece {expected} of the "
-                              f"whole {tuple(shape)} on the (ep, dp_shard_mod_ep) mesh; save the full model with "
+                              f"whole {tuple(shape)} on the {mesh.mesh_dim_names} mesh; save the full model with "
                               f"accelerator.save_model instead, and report this")
     with torch.no_grad():
-        return DTensor.from_local(local, mesh, (Shard(0), Shard(0)), run_check=False, shape=shape,
+        return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape,
                                   stride=_contiguous_stride(shape))
 
 

@@ -1,4 +1,8 @@
-"""Expert-parallel checks of the ``parallelism`` section (no process group)."""
+"""Expert-parallel checks of the ``parallelism`` section (no process group).
+
+ep takes its ranks from ``dp_shard`` and composes with ``dp_replicate`` (HSDP: each replica splits its dp_shard ranks
+the same way); ``cp``, ``sp`` and ``tp`` with ep are refused.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +20,8 @@ def check_expert_parallel(section: Any, sizes: dict[str, int]) -> list[str]:
     if sizes["dp_shard"] % ep:
         problems.append(f"{WHERE}.ep_size {ep} must divide dp_shard_size {sizes['dp_shard']}: experts are split over "
                         f"ep ranks taken from the dp_shard ranks; set dp_shard_size to a multiple of {ep}")
-    others = [f"{name}_size {sizes[name]}" for name in ("dp_replicate", "cp", "sp", "tp") if sizes[name] > 1]
+    others = [f"{name}_size {sizes[name]}" for name in ("cp", "sp", "tp") if sizes[name] > 1]
     if others:
         problems.append(f"{WHERE}.ep_size {ep} with {', '.join(others)} is not supported yet (ep composes with "
-                        f"dp_shard); set those sizes to 1, or ep_size 1")
+                        f"dp_shard and dp_replicate); set those sizes to 1, or ep_size 1")
     return problems
