@@ -102,7 +102,7 @@ def worker(args) -> None:
         if ep:
             from torchbay_fsdp.experts import apply_expert_parallel, expert_mesh
 
-            emesh = expert_mesh("cpu", world, 2)
+            emesh = expert_mesh("cpu", 1, world, 2)
             found, _ = apply_expert_parallel(model, None, emesh["ep"].get_group(), emesh.get_local_rank("ep"), 2)
             for module in found.values():
                 fully_shard(module, mesh=emesh["dp_shard_mod_ep"])
