@@ -108,7 +108,6 @@ _LAZY = {
     "are_libraries_initialized": "torchbay.compat.environment",
     "CPUInformation": "torchbay.compat.environment",
     "get_cpu_distributed_information": "torchbay.compat.environment",
-    "model_has_dtensor": "torchbay.compat.environment",
     "BnbQuantizationConfig": "torchbay.compat.bnb_config",
     "_convert_nargs_to_dict": "torchbay.cli.accelerate.launch_helpers",
     "convert_dict_to_env_variables": "torchbay.cli.accelerate.launch_helpers",
@@ -146,7 +145,8 @@ _LAZY = {
     "recursive_getattr": "torchbay.compat.helpers",
     "release_memory": "torchbay.compat.helpers",
     "save": "torchbay.compat.helpers",
-    "str_to_bool": "torchbay.compat.helpers",
+    "str_to_bool": "torchbay.config.flags",
+    "model_has_dtensor": "torchbay.compat.helpers",
     "wait_for_everyone": "torchbay.compat.helpers",
     "MultiProcessAdapter": "torchbay.process.logger",
     "get_logger": "torchbay.process.logger",
@@ -257,7 +257,6 @@ if TYPE_CHECKING:
         CPUInformation,
         are_libraries_initialized,
         get_cpu_distributed_information,
-        model_has_dtensor,
         purge_accelerate_environment,
     )
     from torchbay.compat.helpers import (
@@ -287,16 +286,17 @@ if TYPE_CHECKING:
         is_torch_version,
         load,
         merge_dicts,
+        model_has_dtensor,
         parse_choice_from_env,
         parse_flag_from_env,
         recursive_getattr,
         release_memory,
         save,
-        str_to_bool,
         wait_for_everyone,
     )
     from torchbay.compat.names import is_habana_gaudi1
     from torchbay.compile.compiler import DynamoBackend, TorchDynamoPlugin, compile_regions, has_compiled_regions
+    from torchbay.config.flags import str_to_bool
     from torchbay.config.handlers import (
         AutocastKwargs,
         DataLoaderConfiguration,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
 import torch
 import torch.distributed as dist
@@ -166,8 +166,7 @@ class Strategy(FullStateCheckpoint):
             return []
         wanted = [name for name, size in sizes.items() if size > 1 and name not in cls.parallel_dims]
         if wanted:
-            offering = sorted(name for name, strategy in context.pm.registries()["strategies"].items()
-                              if set(wanted) <= set(getattr(strategy, "parallel_dims", ())))
+            offering = strategies_building(context.pm.registries()["strategies"], wanted)
             settings = ", ".join(f"parallelism.{name}_size {sizes[name]}" for name in wanted)
             fix = (f"select strategy: {' or '.join(offering)}" if offering else
                    "install a strategy plugin that offers them")
@@ -389,3 +388,9 @@ class Strategy(FullStateCheckpoint):
 
     def clip_grad_value_(self, parameters, clip_value: float) -> None:
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+
+def strategies_building(registry: dict[str, Any], dims: Iterable[str]) -> list[str]:
+    """The names, sorted, of the registered strategies whose ``parallel_dims`` include every one of ``dims``."""
+    wanted = set(dims)
+    return sorted(name for name, strategy in registry.items() if wanted <= set(getattr(strategy, "parallel_dims", ())))

@@ -86,10 +86,3 @@ def get_cpu_distributed_information() -> CPUInformation:
     return CPUInformation(rank=cluster.rank(), world_size=cluster.world_size(), local_rank=cluster.local_rank(),
                           local_world_size=cluster.local_world_size())
 
-
-def model_has_dtensor(model: Any) -> bool:
-    """Whether any parameter of ``model`` (or the model it wraps) is a DTensor (sharded by FSDP2 or tensor
-    parallel)."""
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in getattr(model, "module", model).parameters())

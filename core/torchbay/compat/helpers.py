@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from torchbay.config.flags import str_to_bool
 from torchbay.data.operations import find_batch_size, recursively_apply
 from torchbay.errors import ConfigError, TorchbayError
 from torchbay.process.current import current, peek
@@ -33,15 +34,6 @@ class RNGType(str, enum.Enum):
 
     TORCH = "torch"
     GENERATOR = "generator"
-
-
-def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
-    value = value.lower()
-    if value in ("y", "yes", "t", "true", "on", "1"):
-        return True if to_bool else 1
-    if value in ("n", "no", "f", "false", "off", "0"):
-        return False if to_bool else 0
-    raise ValueError(f"invalid truth value {value!r}")
 
 
 def parse_flag_from_env(key: str, default: bool = False) -> bool:
@@ -347,3 +339,11 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     enabled = getattr(autocast_kwargs, "enabled", True)
     cache = getattr(autocast_kwargs, "cache_enabled", None)
     return _current_backend().autocast(dtype, enabled=enabled, cache_enabled=cache)
+
+
+def model_has_dtensor(model: Any) -> bool:
+    """Whether any parameter of ``model`` (or the model it wraps) is a DTensor (sharded by FSDP2 or tensor
+    parallel)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in getattr(model, "module", model).parameters())

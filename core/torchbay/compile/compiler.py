@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from torchbay.config.flags import str_to_bool
 from torchbay.errors import ConfigError
 
 log = logging.getLogger("torchbay")
@@ -290,12 +291,10 @@ _DYNAMO_ENVIRONMENT = {"backend": "BACKEND", "mode": "MODE", "fullgraph": "USE_F
 
 
 def _environment_flag(name: str, value: str) -> bool:
-    word = value.strip().lower()
-    if word in ("1", "true", "yes", "y", "on", "t"):
-        return True
-    if word in ("0", "false", "no", "n", "off", "f"):
-        return False
-    raise ConfigError(f"{name}={value!r} is not a boolean; set it to true or false (or unset it)")
+    try:
+        return bool(str_to_bool(value.strip(), to_bool=True))
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a boolean; set it to true or false (or unset it)") from None
 
 
 def dynamo_arguments(dynamo_backend: Any, dynamo_plugin: Any) -> dict[str, Any]:

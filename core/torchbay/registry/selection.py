@@ -12,7 +12,7 @@ from typing import Any
 from torchbay.axes.cluster import detect_cluster_environment
 from torchbay.axes.context import RunContext
 from torchbay.axes.precision import SHARED_SECTIONS, Precision, by_mode, engine_setting, mode_install_hint
-from torchbay.axes.strategy import Strategy
+from torchbay.axes.strategy import Strategy, strategies_building
 from torchbay.compile.compiler import section_problems as compile_problems
 from torchbay.config.model import RESOLVED_ENV, ResolvedConfig
 from torchbay.distributed.parallelism_config import parallel_sizes
@@ -104,7 +104,7 @@ def _auto_strategy(registry: dict[str, Any], world_size: int, config: Any) -> st
     wanted = {dim for dim, size in parallel_sizes(config).items() if size > 1} if config is not None else set()
     if not wanted or wanted <= set(getattr(registry.get(default), "parallel_dims", ())):
         return default
-    offering = sorted(n for n, cls in registry.items() if wanted <= set(getattr(cls, "parallel_dims", ())))
+    offering = strategies_building(registry, wanted)
     if not offering:
         return default  # the default's check names what is missing
     log.info("strategy auto chose '%s': it builds the parallel dimension(s) %s the parallelism section asks for",

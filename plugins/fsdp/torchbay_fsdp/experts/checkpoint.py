@@ -110,12 +110,4 @@ def _whole(tensor: Any, mesh: Any) -> Any:
                               f"accelerator.save_model instead, and report this")
     with torch.no_grad():
         return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape,
-                                  stride=_contiguous_stride(shape))
-
-
-def _contiguous_stride(shape: torch.Size) -> tuple[int, ...]:
-    stride, step = [], 1
-    for size in reversed(shape):
-        stride.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(stride))
+                                  stride=torch.empty(shape, device="meta").stride())
